@@ -1,0 +1,357 @@
+"""CompileCallback: the Lightning adapter.
+
+It translates Lightning hooks into calls on plain objects that know nothing of Lightning: a planner
+(policy: what to compile when, keep or revert), regions (mechanism: compile/revert in place), a step
+timer, and a compile watch (dynamo's accounting per region). It owns no logic of its own beyond
+wiring, validation and logging.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from compile_callback import telemetry
+from compile_callback.planner import EAGER, FixedPlanner
+from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
+from compile_callback.report import render_markdown, render_table, write_json
+from compile_callback.timing import StepTimer, summarize
+from compile_callback.watch import CompileWatch
+
+AUTO = "auto"
+ON_RECOMPILE_POLICIES = ("warn", "pad", "dynamic", "eager", "raise")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
+
+
+def _check_float(name: str, value: Any, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ValueError(f"`{name}` must be a number >= {minimum}; got {value!r}.")
+
+
+class CompileCallback(Callback):
+    """Compiles the hot parts of a LightningModule in place, measures and watches them, and reports.
+
+    Args:
+        regions: ``"auto"`` (profile, then compile and keep what measures faster), ``"model"`` (the
+            whole LightningModule's forward), or a list of submodule names / glob patterns with one
+            ``*`` per name component (``["blocks.*", "head"]``).
+        backend: ``torch.compile`` backend (``"inductor"``, ``"aot_eager"``, ``"eager"``, ...).
+        mode: ``"auto"`` (chosen by measurement with ``regions="auto"``, else ``"default"``) or one of
+            ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``.
+        fullgraph: passed to ``torch.compile``; a graph break then raises.
+        dynamic: passed to ``torch.compile`` (``None``: dynamo decides after the first shape change).
+        options: inductor options passed to ``torch.compile`` (not together with a ``mode``).
+        eager_baseline_steps: eager batches timed before compiling, the baseline of
+            ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
+        warmup_steps: batches not timed at the start and after each compile.
+        log_every_n_steps: how often the ``compile/*`` scalars are logged; ``None`` follows the
+            Trainer's ``log_every_n_steps``.
+        report: print the report table at the end of fit and write ``compile_report.json``.
+
+    Raises:
+        ValueError: an argument of the wrong type or out of range, with what is allowed.
+
+    Example:
+        >>> trainer = Trainer(callbacks=[CompileCallback(regions=["blocks.*", "lm_head"])])
+    """
+
+    def __init__(
+        self,
+        regions: str | list[str] = AUTO,
+        *,
+        backend: str = "inductor",
+        mode: str = AUTO,
+        fullgraph: bool = False,
+        dynamic: bool | None = None,
+        options: dict[str, Any] | None = None,
+        eager_baseline_steps: int = 10,
+        warmup_steps: int = 3,
+        log_every_n_steps: int | None = None,
+        report: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(regions, str):
+            if regions not in (AUTO, MODEL):
+                raise ValueError(
+                    f"`regions` must be 'auto', 'model' or a list of submodule names or glob patterns; "
+                    f"got {regions!r}. To compile one submodule, pass a list: regions=[{regions!r}]."
+                )
+        elif isinstance(regions, (list, tuple)) and regions and all(isinstance(r, str) and r for r in regions):
+            if len(set(regions)) != len(regions):
+                raise ValueError(f"`regions` names a region twice: {list(regions)!r}. Give each once.")
+            if AUTO in regions:
+                raise ValueError("`regions` can be 'auto' or a list of names, not a list containing 'auto'.")
+        else:
+            raise ValueError(
+                f"`regions` must be 'auto', 'model' or a non-empty list of submodule names; got {regions!r}."
+            )
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(f"`backend` must be a torch.compile backend name such as 'inductor'; got {backend!r}.")
+        allowed_modes = (AUTO, *MODES)
+        if mode not in allowed_modes:
+            raise ValueError(f"`mode` must be one of {', '.join(repr(m) for m in allowed_modes)}; got {mode!r}.")
+        if mode not in (AUTO, "default") and backend not in BACKENDS_WITH_MODES:
+            raise ValueError(f"`mode={mode!r}` needs backend='inductor'; got backend={backend!r}.")
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"`options` must be a dict of inductor options or None; got {options!r}.")
+        if options and mode not in (AUTO, "default"):
+            raise ValueError(
+                "`options` and `mode` cannot be given together (torch.compile refuses both); "
+                "set mode='default' or put the mode's settings into `options`."
+            )
+        if not isinstance(fullgraph, bool):
+            raise ValueError(f"`fullgraph` must be True or False; got {fullgraph!r}.")
+        if dynamic is not None and not isinstance(dynamic, bool):
+            raise ValueError(f"`dynamic` must be True, False or None; got {dynamic!r}.")
+        _check_int("eager_baseline_steps", eager_baseline_steps, 0)
+        _check_int("warmup_steps", warmup_steps, 0)
+        if log_every_n_steps is not None:
+            _check_int("log_every_n_steps", log_every_n_steps, 1)
+        self.regions = regions if isinstance(regions, str) else list(regions)
+        self.backend = backend
+        self.mode = mode
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.options = dict(options) if options else None
+        self.eager_baseline_steps = eager_baseline_steps
+        self.warmup_steps = warmup_steps
+        self.log_every_n_steps = log_every_n_steps
+        self.report = report
+
+        self.planner: FixedPlanner | None = None
+        self.watch: CompileWatch | None = None
+        self.timer: StepTimer | None = None
+        self._batch_index = 0
+        self._label: str | None = None
+        self._loaded_state: dict[str, Any] | None = None
+        self._last_report: dict[str, Any] | None = None
+
+    # -- Lightning hooks ---------------------------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(regions=str(self.regions), backend=self.backend)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not isinstance(pl_module, LightningModule):
+            raise TypeError(f"CompileCallback needs a LightningModule; got {type(pl_module).__name__}.")
+        if self.regions != AUTO:
+            # Names are checked here, before any training, so a typo costs nothing.
+            resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Runs on every rank after the strategy has moved and wrapped the model: compiling in place
+        # here is seen by DDP's wrapper and keeps state-dict keys unchanged.
+        specs = [MODEL] if self.regions in (MODEL, AUTO) else self.regions
+        regions = resolve_regions(pl_module, specs)
+        compile_options = CompileOptions(
+            backend=self.backend,
+            mode=None if self.mode == AUTO else self.mode,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
+            options=self.options,
+        )
+        self.planner = FixedPlanner(
+            regions, compile_options, baseline_steps=self.eager_baseline_steps, warmup_steps=self.warmup_steps
+        )
+        names = {id(module): name for name, module in pl_module.named_modules()}
+        self.watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)
+        if self._loaded_state is not None:
+            self.watch.load_state_dict(self._loaded_state.get("watch", {}))
+            self.planner.load_state_dict(self._loaded_state.get("planner", {}))
+            self._batch_index = int(self._loaded_state.get("batch_index", 0))
+        self.watch.start()
+        self.timer = StepTimer(pl_module.device)
+        telemetry.log_layout(trainer.loggers)
+        self.planner.before_fit()
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.watch is not None:
+            self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        assert self.planner is not None and self.watch is not None and self.timer is not None
+        self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
+        self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
+        self.watch.collect()  # compiles from validation belong to validation, not to this step
+        self._label = self.planner.before_batch(self._batch_index)
+        self.timer.start()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        assert self.planner is not None and self.watch is not None and self.timer is not None
+        compiled_now = self.watch.compiled_since_collect
+        # A step that compiled is not a steady-state step: its time goes to compile time, not speed.
+        self.timer.stop(None if compiled_now else self._label)
+        self.watch.collect()
+        self.planner.after_batch(self._batch_index)
+        self._batch_index += 1
+        every = self.log_every_n_steps or trainer.log_every_n_steps or 50
+        if self._batch_index % every == 0:
+            telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.watch is not None:
+            self.watch.collect()
+            self.watch.set_phase(stage="validate", epoch=trainer.current_epoch, step=trainer.global_step)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.watch is not None:
+            self.watch.collect()
+            self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.watch is None:
+            return
+        self.watch.collect()
+        metrics = self.metrics()
+        metrics[telemetry.RECOMPILES_EPOCH] = float(self.watch.recompiles_in("train", trainer.current_epoch))
+        telemetry.log_scalars(trainer.loggers, metrics, step=trainer.global_step)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish(trainer, final=True)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        # An interrupted or failed run still leaves its report and metrics up to this point.
+        self._finish(trainer, final=False)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.planner is None or self.watch is None:
+            return dict(self._loaded_state or {})
+        self.watch.collect()
+        return {
+            "version": 1,
+            "batch_index": self._batch_index,
+            "planner": self.planner.state_dict(),
+            "watch": self.watch.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Applied in on_fit_start, once the model's regions exist; old checkpoints load with defaults.
+        self._loaded_state = dict(state_dict)
+
+    # -- metrics and report ------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float | None]:
+        """The ``compile/*`` scalars now: speedup and step times (medians), and dynamo's accounting."""
+        assert self.watch is not None and self.timer is not None and self.planner is not None
+        totals = self.watch.totals()
+        eager_ms = self.timer.median_ms(EAGER)
+        compiled_ms = self.timer.median_ms("compiled", last=100)
+        kept = sum(1 for d in self.planner.decisions if d.kept)
+        values: dict[str, float | None] = {
+            telemetry.STEP_TIME_MS: compiled_ms,
+            telemetry.EAGER_STEP_TIME_MS: eager_ms,
+            telemetry.SPEEDUP: (eager_ms / compiled_ms) if eager_ms and compiled_ms else None,
+            telemetry.COMPILE_TIME_S: totals["compile_time_s"],
+            telemetry.GRAPHS: totals["graphs"],
+            telemetry.GRAPH_BREAKS: totals["graph_breaks"],
+            telemetry.RECOMPILES: totals["recompiles"],
+            telemetry.EAGER_FALLBACKS: totals["eager_fallbacks"],
+            telemetry.REGIONS_COMPILED: kept,
+            telemetry.REGIONS_REVERTED: len(self.planner.decisions) - kept,
+        }
+        errors = [d.max_rel_error for d in self.planner.decisions if d.kept and d.max_rel_error is not None]
+        if errors:
+            values[telemetry.MAX_REL_ERROR] = max(errors)
+        return values
+
+    def build_report(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict: summary, decisions, per-region accounting, causes, suggestions."""
+        assert self.watch is not None and self.timer is not None and self.planner is not None
+        self.watch.collect()
+        metrics = self.metrics()
+        eager = summarize(self.timer.samples_ms(EAGER, wait=True))
+        compiled = summarize(self.timer.samples_ms("compiled", wait=True)[-100:])
+        regions = {name: stats.as_dict() for name, stats in self.watch.stats.items()}
+        recompile_causes = [
+            {"region": name, "reason": item["reason"], "count": item["count"]}
+            for name, stats in regions.items()
+            for item in stats["recompile_reasons"]
+        ]
+        graph_break_reasons = [
+            {"region": name, "reason": item["reason"], "count": item["count"]}
+            for name, stats in regions.items()
+            for item in stats["graph_break_reasons"]
+        ]
+        return {
+            "summary": {
+                "speedup": metrics[telemetry.SPEEDUP],
+                "step_time_ms": metrics[telemetry.STEP_TIME_MS],
+                "step_time_p90_ms": compiled.get("p90_ms"),
+                "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],
+                "eager_step_time_p90_ms": eager.get("p90_ms"),
+                "compile_time_s": metrics[telemetry.COMPILE_TIME_S],
+                "graphs": int(metrics[telemetry.GRAPHS] or 0),
+                "graph_breaks": int(metrics[telemetry.GRAPH_BREAKS] or 0),
+                "recompiles": int(metrics[telemetry.RECOMPILES] or 0),
+                "eager_fallbacks": int(metrics[telemetry.EAGER_FALLBACKS] or 0),
+                "regions_compiled": int(metrics[telemetry.REGIONS_COMPILED] or 0),
+                "regions_reverted": int(metrics[telemetry.REGIONS_REVERTED] or 0),
+                "batches": self._batch_index,
+            },
+            "environment": {"torch": torch.__version__, "backend": self.backend},
+            "decisions": [d.as_dict() for d in self.planner.decisions],
+            "regions": regions,
+            "recompiles": [r.as_dict() for r in self.watch.recompiles],
+            "recompile_causes": recompile_causes,
+            "graph_break_reasons": graph_break_reasons,
+            "suggestions": self._suggestions(regions),
+        }
+
+    def _suggestions(self, regions: dict[str, Any]) -> list[str]:
+        suggestions = []
+        for name, stats in regions.items():
+            if stats["eager_fallback"]:
+                suggestions.append(
+                    f"`{name}` runs eager: {stats['fallback_reason']}. Pad the changing dimension to a few "
+                    f"fixed sizes, mark it dynamic (dynamic=True), or stop the Python value from changing."
+                )
+            if stats["graph_breaks"]:
+                suggestions.append(
+                    f"`{name}` has {stats['graph_breaks']} graph break(s); each splits the compiled code. "
+                    f"Move the cause out of the region or rewrite it in tensor ops (see Graph breaks)."
+                )
+        return suggestions
+
+    def _finish(self, trainer: Trainer, *, final: bool) -> None:
+        if self.watch is None or self.planner is None:
+            return
+        report = self.build_report()
+        self._last_report = report
+        telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
+        if not self.report:
+            return
+        telemetry.log_report_text(trainer.loggers, render_markdown(report), step=trainer.global_step)
+        if trainer.is_global_zero:
+            directory = self._report_dir(trainer)
+            path = write_json(report, directory)
+            if final:
+                rank_zero_info(render_table(report) + f"\n  written to {path}")
+
+    @staticmethod
+    def _report_dir(trainer: Trainer) -> str:
+        for logger in trainer.loggers:
+            if logger.log_dir:
+                return logger.log_dir
+        return trainer.default_root_dir or os.getcwd()
+
+    @property
+    def last_report(self) -> dict[str, Any] | None:
+        """The report built at the end of the last fit (also written as ``compile_report.json``)."""
+        return self._last_report
+
+
+__all__ = ["CompileCallback"]

@@ -1,0 +1,164 @@
+"""Regions: which submodules to compile, and the mechanism to compile or revert one in place.
+
+A region is a named group of modules that is compiled or reverted as one decision: a single module
+(``"head"``), the whole model (``"model"``), or the repeated blocks a glob pattern names
+(``"blocks.*"``), which share compiled code because they are instances of the same class.
+
+Compiling uses ``nn.Module.compile`` so the module object, its parameters and its state-dict keys are
+untouched (no ``_orig_mod.`` prefix): a checkpoint of a compiled run loads into a plain model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import nn
+
+from compile_callback import torch_internals
+
+MODEL = "model"
+
+BACKENDS_WITH_MODES = ("inductor",)
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """What is passed to ``torch.compile`` for a region."""
+
+    backend: str = "inductor"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        # torch.compile refuses mode and options together; "default" is the same as no mode.
+        if self.mode not in (None, "default"):
+            kwargs["mode"] = self.mode
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        return kwargs
+
+    def describe(self) -> str:
+        parts = [self.backend]
+        if self.mode:
+            parts.append(self.mode)
+        if self.dynamic is not None:
+            parts.append(f"dynamic={self.dynamic}")
+        if self.fullgraph:
+            parts.append("fullgraph")
+        return ", ".join(parts)
+
+
+@dataclasses.dataclass
+class Region:
+    """A named group of modules compiled or reverted together.
+
+    Attributes:
+        name: what the user wrote (``"blocks.*"``, ``"head"``, ``"model"``) or what the planner chose.
+        module_names: qualified names of the modules in the group (``""`` is the root module).
+        modules: the module objects, same order.
+    """
+
+    name: str
+    module_names: list[str]
+    modules: list[nn.Module]
+    compiled_with: CompileOptions | None = None
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.compiled_with is not None
+
+    def parameter_count(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for module in self.modules:
+            for parameter in module.parameters():
+                if id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    total += parameter.numel()
+        return total
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Glob over dotted names, one component per ``*``: ``blocks.*`` is ``blocks.0`` but not ``blocks.0.attn``."""
+    pattern_parts = pattern.split(".")
+    name_parts = name.split(".")
+    return len(pattern_parts) == len(name_parts) and all(
+        fnmatch.fnmatchcase(part, pattern_part) for part, pattern_part in zip(name_parts, pattern_parts)
+    )
+
+
+def resolve_regions(root: nn.Module, specs: Sequence[str]) -> list[Region]:
+    """Turns region names and glob patterns into :class:`Region` objects over ``root``'s submodules.
+
+    Args:
+        root: the model (a LightningModule or any ``nn.Module``).
+        specs: ``"model"`` for ``root`` itself, submodule names (``"head"``, ``"encoder.layers.0"``) or
+            glob patterns, one ``*`` per name component (``"blocks.*"``, ``"layer*"``).
+
+    Raises:
+        ValueError: a name or pattern that matches no submodule (with the closest names), a pattern
+            given twice, or two specs that overlap (a module inside another compiled module).
+
+    Example:
+        >>> regions = resolve_regions(model, ["blocks.*", "head"])
+    """
+    named = dict(root.named_modules())
+    names = [name for name in named if name]
+    regions: list[Region] = []
+    claimed: dict[str, str] = {}
+    for spec in specs:
+        if spec == MODEL:
+            matched = [""]
+        elif any(char in spec for char in "*?["):
+            matched = [name for name in names if _matches(spec, name)]
+        else:
+            matched = [spec] if spec in named and spec else []
+        if not matched:
+            close = difflib.get_close_matches(spec, names, n=5, cutoff=0.5)
+            hint = f" Close matches: {', '.join(repr(c) for c in close)}." if close else ""
+            top_level = [name for name in names if "." not in name][:12]
+            raise ValueError(
+                f"region {spec!r} matches no submodule of {type(root).__name__}.{hint} "
+                f"Use 'model' for the whole model, a submodule name or a glob pattern over names; "
+                f"top-level submodules are: {', '.join(top_level) or '(none)'}."
+            )
+        for name in matched:
+            for other_name, other_spec in claimed.items():
+                if name == other_name or _is_inside(name, other_name) or _is_inside(other_name, name):
+                    raise ValueError(
+                        f"regions {other_spec!r} and {spec!r} overlap on {name or MODEL!r}: a module "
+                        f"can be in one compiled region only. Remove one of them or name disjoint submodules."
+                    )
+            claimed[name] = spec
+        regions.append(Region(name=spec, module_names=matched, modules=[named[name] for name in matched]))
+    return regions
+
+
+def _is_inside(name: str, parent: str) -> bool:
+    return parent == "" or name.startswith(parent + ".")
+
+
+def compile_region(region: Region, options: CompileOptions) -> None:
+    """Compiles each module of ``region`` in place; compilation itself happens at the next call."""
+    for module in region.modules:
+        module.compile(**options.as_kwargs())
+    region.compiled_with = options
+
+
+def revert_region(region: Region) -> None:
+    """Restores plain eager execution for every module of ``region``."""
+    for module in region.modules:
+        torch_internals.uncompile_module(module)
+    region.compiled_with = None
+
+
+def modules_by_id(regions: Iterable[Region]) -> dict[int, str]:
+    return {id(module): region.name for region in regions for module in region.modules}

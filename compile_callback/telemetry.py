@@ -1,0 +1,69 @@
+"""Sending compile metrics to Lightning loggers, and the TensorBoard-only views.
+
+Scalars go to every logger through ``Logger.log_metrics`` (loggers are rank-zero-only themselves);
+the custom-scalars layout and the Markdown report go only to TensorBoard loggers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+
+# The SPEC's tag names; a contract with users' dashboards.
+SPEEDUP = "compile/speedup"
+STEP_TIME_MS = "compile/step_time_ms"
+EAGER_STEP_TIME_MS = "compile/eager_step_time_ms"
+COMPILE_TIME_S = "compile/compile_time_s"
+GRAPHS = "compile/graphs"
+GRAPH_BREAKS = "compile/graph_breaks"
+RECOMPILES = "compile/recompiles"
+RECOMPILES_EPOCH = "compile/recompiles_epoch"
+EAGER_FALLBACKS = "compile/eager_fallbacks"
+REGIONS_COMPILED = "compile/regions_compiled"
+REGIONS_REVERTED = "compile/regions_reverted"
+COVERAGE = "compile/coverage"
+MAX_REL_ERROR = "compile/max_rel_error"
+PADDING_WASTE = "compile/padding_waste"
+REPORT_TEXT = "compile/report"
+
+
+def log_scalars(loggers: Iterable[Logger], metrics: Mapping[str, float | None], step: int) -> None:
+    """Logs the finite values of ``metrics`` to every logger at ``step``."""
+    clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+    if not clean:
+        return
+    for logger in loggers:
+        logger.log_metrics(clean, step=step)
+
+
+def tensorboard_writers(loggers: Iterable[Logger]) -> list[Any]:
+    return [logger.experiment for logger in loggers if isinstance(logger, TensorBoardLogger)]
+
+
+def log_report_text(loggers: Iterable[Logger], markdown: str, step: int) -> None:
+    for writer in tensorboard_writers(loggers):
+        writer.add_text(REPORT_TEXT, markdown, global_step=step)
+        writer.flush()
+
+
+def custom_scalars_layout() -> dict[str, Any]:
+    """TensorBoard custom-scalars layout: the compile dashboard's charts, grouped."""
+    return {
+        "compile": {
+            "speed": ["Multiline", [SPEEDUP]],
+            "step time (ms): compiled vs eager": ["Multiline", [STEP_TIME_MS, EAGER_STEP_TIME_MS]],
+            "compile time (s)": ["Multiline", [COMPILE_TIME_S]],
+            "graphs and recompiles": ["Multiline", [GRAPHS, RECOMPILES, RECOMPILES_EPOCH]],
+            "graph breaks and eager fallbacks": ["Multiline", [GRAPH_BREAKS, EAGER_FALLBACKS]],
+            "decisions": ["Multiline", [REGIONS_COMPILED, REGIONS_REVERTED]],
+            "padding waste": ["Multiline", [PADDING_WASTE]],
+        }
+    }
+
+
+def log_layout(loggers: Iterable[Logger]) -> None:
+    for writer in tensorboard_writers(loggers):
+        writer.add_custom_scalars(custom_scalars_layout())

@@ -1,0 +1,233 @@
+"""Every use of a private torch API in this package, in one place.
+
+Checked on torch 2.14.1 (CPU CI) and torch 2.11.0 (the H200 machine). When torch moves one of these,
+this is the only module to change; the rest of the package speaks public API.
+
+What we read, and why it is the right source:
+- ``torch._dynamo.callback.callback_handler``: start/end hooks around every frame compile (trigger
+  ``DYNAMO``) and every lazily compiled backward (``LAZY_BACKWARD``), each with dynamo's compile id
+  ("frame/attempt"). The start hook runs on the thread, and under the Python stack, of the call that
+  triggered the compile, which is how we attribute a compile to the region that was running.
+- ``torch._dynamo.utils.get_compilation_metrics()``: dynamo's own per-compile record (recompile
+  reason = the guard that failed, failure type = e.g. the recompile limit, compile time split, cache
+  hits). It is a bounded deque (64 by default), so we drain it after every step that compiled.
+- ``torch._dynamo.utils.graph_break_reasons``: dynamo's own list of graph breaks with the user stack;
+  ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: dynamo's own graph count.
+- ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+# ``callback_handler`` moved into torch._dynamo.callback in 2.6 and has kept its name since.
+from torch._dynamo.callback import callback_handler as _callback_handler
+from torch._dynamo.utils import counters as _counters
+
+_COMPILE_ID = re.compile(r"^!?(\d+)/(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileEvent:
+    """One compile that dynamo started: a frame (``DYNAMO``) or a lazy backward (``LAZY_BACKWARD``)."""
+
+    compile_id: str
+    trigger: str
+    frame_id: int | None
+    attempt: int | None
+
+
+def parse_compile_id(compile_id: str) -> tuple[int | None, int | None]:
+    """Splits dynamo's ``"frame_id/frame_compile_id[_restart]"`` into its two numbers."""
+    match = _COMPILE_ID.match(compile_id or "")
+    if not match:
+        return None, None
+    return int(match.group(1)), int(match.group(2))
+
+
+def install_compile_hooks(
+    on_start: Callable[[CompileEvent], None], on_end: Callable[[CompileEvent], None]
+) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
+    """Registers start/end hooks around each dynamo compile; returns the handles for removal."""
+
+    def start(args: Any) -> None:
+        frame_id, attempt = parse_compile_id(args.compile_id)
+        on_start(CompileEvent(args.compile_id, args.callback_trigger.name, frame_id, attempt))
+
+    def end(args: Any) -> None:
+        frame_id, attempt = parse_compile_id(args.compile_id)
+        on_end(CompileEvent(args.compile_id, args.callback_trigger.name, frame_id, attempt))
+
+    _callback_handler.register_start_callback(start)
+    _callback_handler.register_end_callback(end)
+    return start, end
+
+
+def compile_hooks_installed(handles: tuple[Callable[[Any], None], Callable[[Any], None]]) -> bool:
+    """``torch._dynamo.reset()`` clears every hook; callers re-install when this is False."""
+    return handles[0] in _callback_handler.start_callbacks
+
+
+def remove_compile_hooks(handles: tuple[Callable[[Any], None], Callable[[Any], None]]) -> None:
+    start, end = handles
+    if start in _callback_handler.start_callbacks:
+        _callback_handler.remove_start_callback(start)
+    if end in _callback_handler.end_callbacks:
+        _callback_handler.remove_end_callback(end)
+
+
+def unique_graphs() -> int:
+    """Dynamo's own count of graphs compiled in this process (since the last ``reset``)."""
+    return int(_counters["stats"]["unique_graphs"])
+
+
+def graph_break_count() -> int:
+    """Dynamo's own count of graph breaks in this process (since the last ``reset``)."""
+    return len(torch._dynamo.utils.graph_break_reasons)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphBreak:
+    reason: str
+    location: str  # "file:line in function", the user code where dynamo broke the graph
+
+
+def graph_breaks_since(index: int) -> list[GraphBreak]:
+    """Graph breaks dynamo recorded after position ``index`` of its list, with their user location."""
+    breaks = []
+    for compile_reason in torch._dynamo.utils.graph_break_reasons[index:]:
+        stack = compile_reason.user_stack
+        location = f"{stack[-1].filename}:{stack[-1].lineno} in {stack[-1].name}" if stack else "unknown"
+        breaks.append(GraphBreak(reason=first_line(compile_reason.reason), location=location))
+    return breaks
+
+
+def first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRecord:
+    """The fields we use from one of dynamo's ``CompilationMetrics`` records."""
+
+    compile_id: str
+    is_forward: bool
+    code_name: str | None
+    code_location: str | None
+    recompile_reason: str | None
+    fail_type: str | None
+    fail_reason: str | None
+    seconds: float
+    dynamo_seconds: float
+    aot_autograd_seconds: float
+    inductor_seconds: float
+    fx_cache_hits: int
+    fx_cache_misses: int
+    aot_cache_hits: int
+    aot_cache_misses: int
+    graph_ops: int | None
+    guard_latency_us: float | None
+    cudagraph_skip_reason: str | None
+
+    @property
+    def hit_recompile_limit(self) -> bool:
+        return "recompile limit exceeded" in (self.fail_reason or "").lower()
+
+
+def _us(value: int | float | None) -> float:
+    return float(value or 0) / 1e6
+
+
+def compile_records() -> list[CompileRecord]:
+    """Dynamo's compile records still held in its bounded deque, oldest first."""
+    records = []
+    for metrics in torch._dynamo.utils.get_compilation_metrics():
+        if metrics.start_time_us is not None and metrics.end_time_us is not None:
+            seconds = _us(metrics.end_time_us - metrics.start_time_us)
+        else:
+            seconds = float(metrics.entire_frame_compile_time_s or 0.0)
+        location = (
+            f"{metrics.co_filename}:{metrics.co_firstlineno}" if metrics.co_filename is not None else None
+        )
+        records.append(
+            CompileRecord(
+                compile_id=str(metrics.compile_id),
+                is_forward=metrics.is_forward is not False,
+                code_name=metrics.co_name,
+                code_location=location,
+                recompile_reason=metrics.recompile_reason,
+                fail_type=metrics.fail_type,
+                fail_reason=metrics.fail_reason,
+                seconds=seconds,
+                dynamo_seconds=_us(metrics.dynamo_cumulative_compile_time_us),
+                aot_autograd_seconds=_us(metrics.aot_autograd_cumulative_compile_time_us),
+                inductor_seconds=_us(metrics.inductor_cumulative_compile_time_us),
+                fx_cache_hits=int(metrics.inductor_fx_local_cache_hit_count or 0)
+                + int(metrics.inductor_fx_remote_cache_hit_count or 0),
+                fx_cache_misses=int(metrics.inductor_fx_local_cache_miss_count or 0)
+                + int(metrics.inductor_fx_remote_cache_miss_count or 0),
+                aot_cache_hits=int(metrics.aotautograd_local_cache_hit_count or 0)
+                + int(metrics.aotautograd_remote_cache_hit_count or 0),
+                aot_cache_misses=int(metrics.aotautograd_local_cache_miss_count or 0)
+                + int(metrics.aotautograd_remote_cache_miss_count or 0),
+                graph_ops=metrics.graph_op_count,
+                guard_latency_us=getattr(metrics, "guard_latency_us", None),
+                cudagraph_skip_reason=getattr(metrics, "cudagraph_skip_reason", None),
+            )
+        )
+    return records
+
+
+def compile_record_count_marker() -> object | None:
+    """Identity of the newest record, to find the new ones without relying on the deque's length."""
+    records = torch._dynamo.utils.get_compilation_metrics()
+    return records[-1] if records else None
+
+
+def records_after(marker: object | None) -> list[CompileRecord]:
+    """Records appended after ``marker`` (from :func:`compile_record_count_marker`)."""
+    raw = torch._dynamo.utils.get_compilation_metrics()
+    start = 0
+    if marker is not None:
+        for index in range(len(raw) - 1, -1, -1):
+            if raw[index] is marker:
+                start = index + 1
+                break
+    all_records = compile_records()
+    return all_records[start:]
+
+
+def uncompile_module(module: nn.Module) -> None:
+    """Undoes ``module.compile()``: the next call runs the plain eager ``forward``."""
+    module._compiled_call_impl = None
+
+
+def is_module_compiled(module: nn.Module) -> bool:
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def recompile_limit() -> int:
+    """``torch._dynamo.config.recompile_limit`` (named ``cache_size_limit`` before torch 2.7)."""
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+
+
+@contextmanager
+def fallback_random() -> Iterator[None]:
+    """Makes inductor draw random numbers like eager, so a compiled region can be compared to eager."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fallback_random=True):
+        yield
+
+
+def reset_dynamo() -> None:
+    """Forgets every compiled graph and dynamo's counters (used by tests and by a full re-plan)."""
+    torch._dynamo.reset()

@@ -1,0 +1,255 @@
+"""CompileWatch: dynamo's own accounting of graphs, graph breaks, recompiles and compile time, per region.
+
+Every compile dynamo starts is attributed to the innermost region (or, for code the user compiled
+themselves, the innermost named submodule) on the Python stack of the call that triggered it. A lazily
+compiled backward inherits the region of the forward with the same compile id. Counts come from
+dynamo's own counters and records, so they equal what ``torch._dynamo`` reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+from compile_callback import torch_internals
+from compile_callback.torch_internals import CompileEvent, CompileRecord, GraphBreak
+
+UNATTRIBUTED = "(unattributed)"
+
+_SIZE_MISMATCH = re.compile(r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+_COMPILE_ID_PREFIX = re.compile(r"^\s*!?\d+/\d+(_\d+)?:\s*")
+
+
+def readable_guard_failure(reason: str) -> str:
+    """Dynamo's guard-failure text made readable: "`x.size(1)` changed 512 → 640" for a shape guard."""
+    text = _COMPILE_ID_PREFIX.sub("", torch_internals.first_line(reason))
+    match = _SIZE_MISMATCH.search(text)
+    if match:
+        name, kind, index, expected, actual = match.groups()
+        return f"`{name}.{kind}({index})` changed {expected} → {actual}"
+    return text
+
+
+@dataclasses.dataclass
+class Recompile:
+    """A recompile and the guard that failed, in the words dynamo gives it."""
+
+    region: str
+    reason: str
+    stage: str
+    epoch: int
+    step: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RegionCompileStats:
+    """What dynamo did for one region, cumulative over the run."""
+
+    graphs: int = 0
+    recompiles: int = 0
+    graph_breaks: int = 0
+    compile_seconds: float = 0.0
+    dynamo_seconds: float = 0.0
+    aot_autograd_seconds: float = 0.0
+    inductor_seconds: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    eager_fallback: bool = False
+    fallback_reason: str | None = None
+    graph_break_reasons: Counter = dataclasses.field(default_factory=Counter)
+    recompile_reasons: Counter = dataclasses.field(default_factory=Counter)
+    compile_errors: list[str] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["graph_break_reasons"] = [
+            {"reason": reason, "count": count} for reason, count in self.graph_break_reasons.most_common()
+        ]
+        data["recompile_reasons"] = [
+            {"reason": reason, "count": count} for reason, count in self.recompile_reasons.most_common()
+        ]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RegionCompileStats:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        stats = cls(**{k: v for k, v in data.items() if k in fields and "reasons" not in k})
+        stats.graph_break_reasons = Counter(
+            {item["reason"]: item["count"] for item in data.get("graph_break_reasons", [])}
+        )
+        stats.recompile_reasons = Counter(
+            {item["reason"]: item["count"] for item in data.get("recompile_reasons", [])}
+        )
+        return stats
+
+
+class CompileWatch:
+    """Listens to dynamo's compile hooks and keeps per-region, per-epoch accounting.
+
+    Args:
+        region_by_module_id: ``id(module) -> region name`` for the regions this package compiled.
+        name_by_module_id: ``id(module) -> qualified name`` for every submodule of the model, used to
+            name code the user compiled themselves.
+
+    Example:
+        >>> watch = CompileWatch(region_by_module_id, name_by_module_id)
+        >>> watch.start()
+        >>> ...  # run steps
+        >>> watch.collect()
+    """
+
+    def __init__(self, region_by_module_id: dict[int, str], name_by_module_id: dict[int, str]) -> None:
+        self.region_by_module_id = dict(region_by_module_id)
+        self.name_by_module_id = dict(name_by_module_id)
+        self.stats: dict[str, RegionCompileStats] = defaultdict(RegionCompileStats)
+        self.recompiles: list[Recompile] = []
+        self.graph_breaks: list[tuple[str, GraphBreak]] = []
+        self.epoch_recompiles: Counter = Counter()  # (stage, epoch) -> count
+        self.stage = "train"
+        self.epoch = 0
+        self.step = 0
+        self.compiles_seen = 0
+        self._region_of_compile: dict[str, str | None] = {}
+        self._open: dict[str, tuple[int, int]] = {}
+        self._handles: tuple[Any, Any] | None = None
+        self._marker: object | None = None
+        self._dirty = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts listening (idempotent; re-installs after ``torch._dynamo.reset()`` cleared the hooks)."""
+        if self._handles is not None and torch_internals.compile_hooks_installed(self._handles):
+            return
+        if self._handles is None:
+            self._marker = torch_internals.compile_record_count_marker()
+        self._handles = torch_internals.install_compile_hooks(self._on_start, self._on_end)
+
+    def stop(self) -> None:
+        if self._handles is not None:
+            self.collect()
+            torch_internals.remove_compile_hooks(self._handles)
+            self._handles = None
+
+    def set_regions(self, region_by_module_id: dict[int, str]) -> None:
+        self.region_by_module_id = dict(region_by_module_id)
+
+    def set_phase(self, *, stage: str, epoch: int, step: int) -> None:
+        self.stage, self.epoch, self.step = stage, epoch, step
+
+    @property
+    def compiled_since_collect(self) -> bool:
+        """True when a compile started since the last :meth:`collect`: the step that ran it is not steady."""
+        return self._dirty
+
+    # -- dynamo hooks ----------------------------------------------------------------------------
+    def _attribute_from_stack(self) -> str | None:
+        frame = sys._getframe(2)
+        fallback = None
+        while frame is not None:
+            owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+            if owner is not None:
+                key = id(owner)
+                if key in self.region_by_module_id:
+                    return self.region_by_module_id[key]
+                if fallback is None and key in self.name_by_module_id:
+                    fallback = self.name_by_module_id[key] or "model"
+            frame = frame.f_back
+        return fallback
+
+    def _on_start(self, event: CompileEvent) -> None:
+        self._dirty = True
+        if event.trigger == "DYNAMO":
+            self.compiles_seen += 1
+            self._region_of_compile[event.compile_id] = self._attribute_from_stack()
+        self._open[event.compile_id] = (torch_internals.unique_graphs(), torch_internals.graph_break_count())
+
+    def _on_end(self, event: CompileEvent) -> None:
+        graphs_before, breaks_before = self._open.pop(event.compile_id, (None, None))
+        if graphs_before is None:
+            return
+        region = self._region_of_compile.get(event.compile_id) or UNATTRIBUTED
+        stats = self.stats[region]
+        stats.graphs += torch_internals.unique_graphs() - graphs_before
+        for graph_break in torch_internals.graph_breaks_since(breaks_before):
+            stats.graph_breaks += 1
+            stats.graph_break_reasons[f"{graph_break.reason} ({graph_break.location})"] += 1
+            self.graph_breaks.append((region, graph_break))
+
+    # -- records ---------------------------------------------------------------------------------
+    def collect(self) -> list[CompileRecord]:
+        """Reads dynamo's compile records since the last call; call after any step that compiled."""
+        if not self._dirty:
+            return []
+        self._dirty = False
+        records = torch_internals.records_after(self._marker)
+        self._marker = torch_internals.compile_record_count_marker()
+        for record in records:
+            region = self._region_of_compile.get(record.compile_id)
+            if region is None:
+                region = self._name_for_unknown(record)
+                self._region_of_compile[record.compile_id] = region
+            stats = self.stats[region]
+            stats.compile_seconds += record.seconds
+            stats.dynamo_seconds += record.dynamo_seconds if record.is_forward else 0.0
+            stats.aot_autograd_seconds += record.aot_autograd_seconds
+            stats.inductor_seconds += record.inductor_seconds
+            stats.cache_hits += record.fx_cache_hits
+            stats.cache_misses += record.fx_cache_misses
+            if record.recompile_reason and record.is_forward:
+                reason = readable_guard_failure(record.recompile_reason)
+                stats.recompiles += 1
+                stats.recompile_reasons[reason] += 1
+                self.recompiles.append(Recompile(region, reason, self.stage, self.epoch, self.step))
+                self.epoch_recompiles[(self.stage, self.epoch)] += 1
+            if record.hit_recompile_limit:
+                stats.eager_fallback = True
+                stats.fallback_reason = (
+                    f"hit torch._dynamo.config.recompile_limit ({torch_internals.recompile_limit()}) in "
+                    f"{record.code_name} ({record.code_location}); last guard failure: "
+                    f"{readable_guard_failure(record.recompile_reason or '') or 'unknown'}"
+                )
+            elif record.fail_type and record.is_forward:
+                stats.compile_errors.append(f"{record.fail_type}: {torch_internals.first_line(record.fail_reason or '')}")
+        return records
+
+    def _name_for_unknown(self, record: CompileRecord) -> str:
+        if record.code_name:
+            return f"{record.code_name} ({record.code_location})"
+        return UNATTRIBUTED
+
+    # -- totals ----------------------------------------------------------------------------------
+    def totals(self) -> dict[str, float]:
+        stats = list(self.stats.values())
+        return {
+            "graphs": sum(s.graphs for s in stats),
+            "recompiles": sum(s.recompiles for s in stats),
+            "graph_breaks": sum(s.graph_breaks for s in stats),
+            "compile_time_s": sum(s.compile_seconds for s in stats),
+            "eager_fallbacks": sum(1 for s in stats if s.eager_fallback),
+        }
+
+    def recompiles_in(self, stage: str, epoch: int) -> int:
+        return self.epoch_recompiles[(stage, epoch)]
+
+    # -- resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "stats": {name: stats.as_dict() for name, stats in self.stats.items()},
+            "recompiles": [recompile.as_dict() for recompile in self.recompiles],
+            "epoch_recompiles": [[stage, epoch, count] for (stage, epoch), count in self.epoch_recompiles.items()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats = defaultdict(RegionCompileStats)
+        for name, data in state.get("stats", {}).items():
+            self.stats[name] = RegionCompileStats.from_dict(data)
+        self.recompiles = [Recompile(**item) for item in state.get("recompiles", [])]
+        self.epoch_recompiles = Counter(
+            {(stage, epoch): count for stage, epoch, count in state.get("epoch_recompiles", [])}
+        )
