@@ -116,6 +116,7 @@ class CompileWatch:
         self.step = 0
         self.compiles_seen = 0
         self._region_of_compile: dict[str, str | None] = {}
+        self._region_of_frame: dict[int, str] = {}
         self._open: dict[str, tuple[int, int]] = {}
         self._handles: tuple[Any, Any] | None = None
         self._marker: object | None = None
@@ -166,7 +167,10 @@ class CompileWatch:
         self._dirty = True
         if event.trigger == "DYNAMO":
             self.compiles_seen += 1
-            self._region_of_compile[event.compile_id] = self._attribute_from_stack()
+            region = self._attribute_from_stack()
+            self._region_of_compile[event.compile_id] = region
+            if region is not None and event.frame_id is not None:
+                self._region_of_frame.setdefault(event.frame_id, region)
         self._open[event.compile_id] = (torch_internals.unique_graphs(), torch_internals.graph_break_count())
 
     def _on_end(self, event: CompileEvent) -> None:
@@ -191,6 +195,11 @@ class CompileWatch:
         self._marker = torch_internals.compile_record_count_marker()
         for record in records:
             region = self._region_of_compile.get(record.compile_id)
+            if region is None:
+                # A compile refused before it started (the recompile limit) fires no start hook; it
+                # belongs to the region that compiled the same code object (same frame id) before.
+                frame_id, _ = torch_internals.parse_compile_id(record.compile_id)
+                region = self._region_of_frame.get(frame_id) if frame_id is not None else None
             if region is None:
                 region = self._name_for_unknown(record)
                 self._region_of_compile[record.compile_id] = region

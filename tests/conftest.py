@@ -1,0 +1,149 @@
+"""Shared fixtures: tiny LightningModules, real Trainers, and TensorBoard's own event reader."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import lightning as L
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def reset_dynamo():
+    """Every test starts with no compiled code, no dynamo counters and default dynamo config."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x)) + x
+
+
+class BreakingBlock(Block):
+    """A data-dependent Python branch: dynamo must break the graph here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.sum() > 0:
+            y = y * 0.5
+        return torch.relu(y) + x
+
+
+class TinyModel(L.LightningModule):
+    """Repeated blocks, a head and a loss: the shapes every region test needs."""
+
+    def __init__(self, width: int = 16, depth: int = 3, classes: int = 4, block: type[nn.Module] = Block) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, width)
+        self.blocks = nn.ModuleList([block(width) for _ in range(depth)])
+        self.head = nn.Linear(width, classes)
+        self.batches_seen = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.batches_seen += 1
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", nn.functional.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def classification_data(n: int = 96, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=generator)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    return TensorDataset(x, y)
+
+
+class VariableBatchDataset(Dataset):
+    """Each item is a whole batch whose size cycles through ``sizes`` (batch_size=None loaders)."""
+
+    def __init__(self, sizes: list[int], repeats: int = 1) -> None:
+        self.sizes = sizes * repeats
+        generator = torch.Generator().manual_seed(0)
+        self.items = [(torch.randn(s, 8, generator=generator), torch.randint(0, 4, (s,), generator=generator)) for s in self.sizes]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        return self.items[index]
+
+
+def make_trainer(tmp_path, callbacks, **kwargs) -> L.Trainer:
+    defaults = dict(
+        default_root_dir=str(tmp_path),
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=1,
+        callbacks=callbacks,
+    )
+    defaults.update(kwargs)
+    return L.Trainer(**defaults)
+
+
+def loader(dataset=None, batch_size: int = 8, **kwargs) -> DataLoader:
+    return DataLoader(dataset if dataset is not None else classification_data(), batch_size=batch_size, **kwargs)
+
+
+def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """All scalars in the TensorBoard event files under ``log_dir``, read with TensorBoard's reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        accumulator = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+    return scalars
+
+
+def read_text(log_dir: str, tag: str) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    texts = []
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        accumulator = EventAccumulator(path, size_guidance={"tensors": 0})
+        accumulator.Reload()
+        # SummaryWriter.add_text stores the tag as "<tag>/text_summary".
+        for stored in accumulator.Tags().get("tensors", []):
+            if stored in (tag, f"{tag}/text_summary"):
+                texts.extend(event.tensor_proto.string_val[0].decode() for event in accumulator.Tensors(stored))
+    return texts
