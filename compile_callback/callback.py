@@ -8,7 +8,9 @@ wiring, validation and logging.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -17,13 +19,14 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from compile_callback import telemetry
-from compile_callback.planner import EAGER, FixedPlanner
+from compile_callback.planner import COMPILED, EAGER, AutoPlanner, FixedPlanner
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, summarize
 from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
+PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
 ON_RECOMPILE_POLICIES = ("warn", "pad", "dynamic", "eager", "raise")
 
 
@@ -53,6 +56,15 @@ class CompileCallback(Callback):
         eager_baseline_steps: eager batches timed before compiling, the baseline of
             ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
         warmup_steps: batches not timed at the start and after each compile.
+        trial_steps: timed batches per trial of ``regions="auto"``.
+        min_speedup: a trial is kept only if it is at least this much faster than the plan before it
+            (and faster than twice the measured noise).
+        max_trials: at most this many trials (each costs a compile).
+        verify: compare each compiled region with eager on a held input (outputs and gradients)
+            before trusting it; off, a region is still compiled outside the step so a failing
+            compile reverts instead of crashing.
+        verify_tolerance: max relative error allowed; ``None`` picks it by dtype (1e-3 for fp32,
+            5e-2 under bf16 autocast).
         log_every_n_steps: how often the ``compile/*`` scalars are logged; ``None`` follows the
             Trainer's ``log_every_n_steps``.
         report: print the report table at the end of fit and write ``compile_report.json``.
@@ -75,6 +87,11 @@ class CompileCallback(Callback):
         options: dict[str, Any] | None = None,
         eager_baseline_steps: int = 10,
         warmup_steps: int = 3,
+        trial_steps: int = 20,
+        min_speedup: float = 1.03,
+        max_trials: int = 6,
+        verify: bool = True,
+        verify_tolerance: float | None = None,
         log_every_n_steps: int | None = None,
         report: bool = True,
     ) -> None:
@@ -114,6 +131,18 @@ class CompileCallback(Callback):
             raise ValueError(f"`dynamic` must be True, False or None; got {dynamic!r}.")
         _check_int("eager_baseline_steps", eager_baseline_steps, 0)
         _check_int("warmup_steps", warmup_steps, 0)
+        _check_int("trial_steps", trial_steps, 1)
+        _check_int("max_trials", max_trials, 0)
+        _check_float("min_speedup", min_speedup, 1.0)
+        if not isinstance(verify, bool):
+            raise ValueError(f"`verify` must be True or False; got {verify!r}.")
+        if verify_tolerance is not None:
+            _check_float("verify_tolerance", verify_tolerance, 0.0)
+        if regions == AUTO and eager_baseline_steps < 2:
+            raise ValueError(
+                f"`eager_baseline_steps` must be >= 2 with regions='auto' (trials are measured against "
+                f"it); got {eager_baseline_steps}. Use explicit regions to compile without a baseline."
+            )
         if log_every_n_steps is not None:
             _check_int("log_every_n_steps", log_every_n_steps, 1)
         self.regions = regions if isinstance(regions, str) else list(regions)
@@ -124,14 +153,20 @@ class CompileCallback(Callback):
         self.options = dict(options) if options else None
         self.eager_baseline_steps = eager_baseline_steps
         self.warmup_steps = warmup_steps
+        self.trial_steps = trial_steps
+        self.min_speedup = float(min_speedup)
+        self.max_trials = max_trials
+        self.verify = verify
+        self.verify_tolerance = verify_tolerance
         self.log_every_n_steps = log_every_n_steps
         self.report = report
 
-        self.planner: FixedPlanner | None = None
+        self.planner: FixedPlanner | AutoPlanner | None = None
         self.watch: CompileWatch | None = None
         self.timer: StepTimer | None = None
         self._batch_index = 0
         self._label: str | None = None
+        self._host_start = 0.0
         self._loaded_state: dict[str, Any] | None = None
         self._last_report: dict[str, Any] | None = None
 
@@ -150,8 +185,6 @@ class CompileCallback(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Runs on every rank after the strategy has moved and wrapped the model: compiling in place
         # here is seen by DDP's wrapper and keeps state-dict keys unchanged.
-        specs = [MODEL] if self.regions in (MODEL, AUTO) else self.regions
-        regions = resolve_regions(pl_module, specs)
         compile_options = CompileOptions(
             backend=self.backend,
             mode=None if self.mode == AUTO else self.mode,
@@ -159,19 +192,47 @@ class CompileCallback(Callback):
             dynamic=self.dynamic,
             options=self.options,
         )
-        self.planner = FixedPlanner(
-            regions, compile_options, baseline_steps=self.eager_baseline_steps, warmup_steps=self.warmup_steps
-        )
         names = {id(module): name for name, module in pl_module.named_modules()}
-        self.watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)
+        self.timer = StepTimer(pl_module.device)
+        if self.regions == AUTO:
+            self.watch = CompileWatch({}, names)
+            self.planner = AutoPlanner(
+                pl_module,
+                compile_options,
+                timer=self.timer,
+                watch=self.watch,
+                device=pl_module.device,
+                warmup_steps=self.warmup_steps,
+                profile_steps=PROFILE_STEPS,
+                baseline_steps=self.eager_baseline_steps,
+                trial_steps=self.trial_steps,
+                min_speedup=self.min_speedup,
+                max_trials=self.max_trials,
+                verify=self.verify,
+                tolerance=self.verify_tolerance,
+                agree=lambda value: trainer.strategy.broadcast(value, src=0),
+                remaining_batches=lambda: self._remaining_batches(trainer),
+                context=trainer.precision_plugin.forward_context,
+            )
+        else:
+            regions = resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
+            self.watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)
+            self.planner = FixedPlanner(
+                regions, compile_options, baseline_steps=self.eager_baseline_steps, warmup_steps=self.warmup_steps
+            )
         if self._loaded_state is not None:
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
         self.watch.start()
-        self.timer = StepTimer(pl_module.device)
         telemetry.log_layout(trainer.loggers)
         self.planner.before_fit()
+
+    def _remaining_batches(self, trainer: Trainer) -> int:
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            return 10**9
+        return int(total) * max(1, trainer.accumulate_grad_batches) - self._batch_index
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.watch is not None:
@@ -183,6 +244,7 @@ class CompileCallback(Callback):
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self.watch.collect()  # compiles from validation belong to validation, not to this step
         self._label = self.planner.before_batch(self._batch_index)
+        self._host_start = time.perf_counter()
         self.timer.start()
 
     def on_train_batch_end(
@@ -192,8 +254,9 @@ class CompileCallback(Callback):
         compiled_now = self.watch.compiled_since_collect
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed.
         self.timer.stop(None if compiled_now else self._label)
+        host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
-        self.planner.after_batch(self._batch_index)
+        self.planner.after_batch(self._batch_index, host_ms=host_ms)
         self._batch_index += 1
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
@@ -249,7 +312,7 @@ class CompileCallback(Callback):
         assert self.watch is not None and self.timer is not None and self.planner is not None
         totals = self.watch.totals()
         eager_ms = self.timer.median_ms(EAGER)
-        compiled_ms = self.timer.median_ms("compiled", last=100)
+        compiled_ms = self.timer.median_ms(COMPILED, last=100)
         kept = sum(1 for d in self.planner.decisions if d.kept)
         values: dict[str, float | None] = {
             telemetry.STEP_TIME_MS: compiled_ms,
@@ -266,6 +329,9 @@ class CompileCallback(Callback):
         errors = [d.max_rel_error for d in self.planner.decisions if d.kept and d.max_rel_error is not None]
         if errors:
             values[telemetry.MAX_REL_ERROR] = max(errors)
+        coverage = getattr(self.planner, "coverage", None)
+        if coverage is not None:
+            values[telemetry.COVERAGE] = coverage
         return values
 
     def build_report(self) -> dict[str, Any]:
@@ -274,7 +340,7 @@ class CompileCallback(Callback):
         self.watch.collect()
         metrics = self.metrics()
         eager = summarize(self.timer.samples_ms(EAGER, wait=True))
-        compiled = summarize(self.timer.samples_ms("compiled", wait=True)[-100:])
+        compiled = summarize(self.timer.samples_ms(COMPILED, wait=True)[-100:])
         regions = {name: stats.as_dict() for name, stats in self.watch.stats.items()}
         recompile_causes = [
             {"region": name, "reason": item["reason"], "count": item["count"]}
@@ -303,6 +369,13 @@ class CompileCallback(Callback):
                 "batches": self._batch_index,
             },
             "environment": {"torch": torch.__version__, "backend": self.backend},
+            "plan": {
+                "regions": self.regions,
+                "frozen": bool(getattr(self.planner, "frozen", True)),
+                "launch_bound": getattr(self.planner, "launch_bound", None),
+                "coverage": getattr(self.planner, "coverage", None),
+                "notes": list(getattr(self.planner, "notes", [])),
+            },
             "decisions": [d.as_dict() for d in self.planner.decisions],
             "regions": regions,
             "recompiles": [r.as_dict() for r in self.watch.recompiles],

@@ -8,10 +8,20 @@ lives in ``regions``, ``timing`` and ``verify``; the decisions live here.
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from compile_callback.regions import CompileOptions, Region, compile_region, revert_region
+import torch
+from torch import nn
+
+from compile_callback import torch_internals
+from compile_callback.profile import RegionProfiler, repeated_block_groups
+from compile_callback.regions import MODEL, CompileOptions, Region, compile_region, revert_region
 from compile_callback.report import Decision
+from compile_callback.timing import summarize
+from compile_callback.verify import VerificationResult, cuda_devices, verify_module
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
@@ -90,3 +100,397 @@ class FixedPlanner:
         if state.get("applied"):
             self.decisions = [Decision.from_dict(d) for d in state.get("decisions", [])]
             self.applied = True
+
+
+PROFILE = "profile"
+MIN_SHARE = 0.05  # submodules under 5% of the eager forward are not worth a compile of their own
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A region the auto planner may try, with its share of the profiled eager step."""
+
+    region: Region
+    forward_ms: float
+    share: float
+    mode: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.region.name
+
+
+class AutoPlanner:
+    """Profile, then compile candidates one at a time; keep each only if it verifies and measures faster.
+
+    The script, one batch per ``yield``: ``warmup`` eager batches (not timed), ``profile`` batches
+    with forward hooks on the candidates, ``baseline`` eager batches timed, then for each candidate:
+    compile in place and verify against eager on a held input (before the batch, outside its timing),
+    ``settle`` batches (lazy backward compile, autotuning, CUDA-graph recording), ``measure`` batches
+    timed; keep it when the current plan's median over its median is at least ``min_speedup`` and
+    beyond the noise, else revert. The whole model is tried first (one graph is usually best); if it is
+    not kept, repeated block groups and hot submodules follow, each on top of what was kept. When the
+    step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried on the kept plan last.
+
+    Args:
+        root: the LightningModule.
+        options: the user's ``torch.compile`` options (mode ``None`` = choose by measurement).
+        timer: the callback's step timer; the planner reads medians from it.
+        watch: the callback's compile watch; the planner reads compile seconds from it.
+        agree: makes every rank take rank 0's value (``strategy.broadcast``); identity on one device.
+        remaining_batches: how many training batches the run still has.
+        context: the training step's forward context for verification (precision/autocast).
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        options: CompileOptions,
+        *,
+        timer: Any,
+        watch: Any,
+        device: torch.device,
+        warmup_steps: int,
+        profile_steps: int,
+        baseline_steps: int,
+        trial_steps: int,
+        min_speedup: float,
+        max_trials: int,
+        verify: bool,
+        tolerance: float | None,
+        agree: Callable[[Any], Any],
+        remaining_batches: Callable[[], int],
+        context: Callable[[], Any],
+    ) -> None:
+        self.root = root
+        self.options = options
+        self.timer = timer
+        self.watch = watch
+        self.device = device
+        self.warmup_steps = warmup_steps
+        self.profile_steps = profile_steps
+        self.baseline_steps = baseline_steps
+        self.trial_steps = trial_steps
+        self.min_speedup = min_speedup
+        self.max_trials = max_trials
+        self.verify = verify
+        self.tolerance = tolerance
+        self.agree = agree
+        self.remaining_batches = remaining_batches
+        self.context = context
+        self.decisions: list[Decision] = []
+        self.regions: list[Region] = []  # kept, compiled
+        self.notes: list[str] = []
+        self.frozen = False
+        self.launch_bound: bool | None = None
+        self.coverage: float | None = None
+        self.eager_ms: float | None = None
+        self._host_ms: list[float] = []
+        self._batch_index = 0
+        self._label: str | None = WARMUP
+        self._script = self._run()
+        self._saved_plan: list[dict[str, Any]] | None = None
+        self.profiler: RegionProfiler | None = None
+
+    # -- the interface the callback drives --------------------------------------------------------
+    def before_fit(self) -> None:
+        if self._saved_plan is not None:
+            self._apply_saved_plan(self._saved_plan)
+
+    def before_batch(self, batch_index: int, **_: Any) -> str | None:
+        self._batch_index = batch_index
+        self._label = next(self._script)
+        return self._label
+
+    def after_batch(self, batch_index: int, *, host_ms: float | None = None, **_: Any) -> None:
+        if self._label == EAGER and host_ms is not None:
+            self._host_ms.append(host_ms)
+
+    def revert_all(self) -> None:
+        for region in self.regions:
+            revert_region(region)
+        self.regions = []
+
+    # -- the script ----------------------------------------------------------------------------------
+    def _run(self) -> Iterator[str | None]:
+        for _ in range(self.warmup_steps):
+            yield WARMUP
+        candidates = self._candidate_modules()
+        self.profiler = RegionProfiler(candidates, self.device)
+        self.profiler.attach()
+        for _ in range(self.profile_steps):
+            self.profiler.steps += 1
+            yield PROFILE
+        self.profiler.detach()
+        for _ in range(self.baseline_steps):
+            yield EAGER
+        self.eager_ms = self.agree(self.timer.median_ms(EAGER, wait=True))
+        device_ms = self.eager_ms
+        host_ms = statistics.median(self._host_ms) if self._host_ms else None
+        if self.device.type == "cuda" and device_ms and host_ms:
+            # The GPU waits on the host when issuing the step takes about as long as running it.
+            self.launch_bound = bool(self.agree(host_ms >= 0.7 * device_ms))
+        current_ms = self.eager_ms
+        trials = 0
+        plan = self._order(self._candidates(candidates))
+        for index, candidate in enumerate(plan):
+            if trials >= self.max_trials:
+                self.notes.append(f"stopped after max_trials={self.max_trials}")
+                break
+            if candidate.name != MODEL and any(d.kept and d.region == MODEL for d in self.decisions):
+                break  # the whole model is compiled: its parts are inside it
+            if not self._worth_trying(candidate, current_ms):
+                continue
+            trials += 1
+            kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
+            if kept_ms is not None:
+                current_ms = kept_ms
+        if self.regions and self.launch_bound and self.options.mode is None:
+            trials += 1
+            yield from self._mode_trial(current_ms)
+        elif self.options.mode is None and self.device.type != "cuda":
+            self.notes.append("reduce-overhead (CUDA graphs) not tried: the model runs on CPU")
+        elif self.options.mode is None and self.regions and self.launch_bound is False:
+            self.notes.append("reduce-overhead (CUDA graphs) not tried: the step is not launch-bound")
+        self.frozen = True
+        self.coverage = self._coverage()
+        while True:
+            yield COMPILED
+
+    def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
+        options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
+        self.watch.add_region(candidate.region)
+        compile_region(candidate.region, options)
+        compile_before = self._compile_seconds(candidate.region.name)
+        verdict = self._verify(candidate.region)
+        if not verdict.passed:
+            revert_region(candidate.region)
+            self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
+                         max_rel_error=verdict.max_rel_error if verdict.error is None else None)
+            return None
+        for _ in range(self.warmup_steps):
+            yield WARMUP
+        for _ in range(self.trial_steps):
+            yield label
+        trial_ms = self.timer.median_ms(label, wait=True)
+        speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
+        noise = summarize(self.timer.samples_ms(label)).get("relative_noise", 0.0)
+        threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
+        keep = bool(self.agree(speedup is not None and speedup >= threshold))
+        compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
+        if keep:
+            self.regions.append(candidate.region)
+            reason = f"{speedup:.3f}x faster than the plan before it (threshold {threshold:.3f}x)"
+        else:
+            revert_region(candidate.region)
+            reason = (
+                f"not faster: {speedup:.3f}x against the plan before it, under the {threshold:.3f}x threshold"
+                if speedup is not None
+                else "no steady steps could be timed"
+            )
+        self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, step_ms=trial_ms,
+                     baseline_ms=current_ms, compile_seconds=compile_seconds,
+                     max_rel_error=verdict.max_rel_error if self.verify else None)
+        return trial_ms if keep else None
+
+    def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
+        if any(self.watch.stats[r.name].recompiles for r in self.regions if r.name in self.watch.stats):
+            self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
+            return
+        saved = {id(m): torch_internals.compiled_call(m) for r in self.regions for m in r.modules}
+        kept = list(self.regions)
+        options = dataclasses.replace(self.options, mode="reduce-overhead")
+        group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
+                       modules=[m for r in kept for m in r.modules])
+        compile_region(group, options)
+        verdict = self._verify(group)
+        label = "trial:reduce-overhead"
+        keep = False
+        trial_ms = speedup = None
+        if verdict.passed:
+            for _ in range(self.warmup_steps + 2):  # CUDA graphs record on the third call
+                yield WARMUP
+            for _ in range(self.trial_steps):
+                yield label
+            trial_ms = self.timer.median_ms(label, wait=True)
+            speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
+            keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
+        if keep:
+            for region in kept:
+                region.compiled_with = options
+            reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"
+        else:
+            for region in kept:
+                for module in region.modules:
+                    torch_internals.restore_compiled_call(module, saved[id(module)])
+            reason = self._failure_reason(verdict) if not verdict.passed else (
+                f"CUDA graphs not faster: {speedup:.3f}x" if speedup else "no steady steps could be timed")
+        self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
+                                       kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
+                                       step_ms=trial_ms, baseline_ms=current_ms,
+                                       max_rel_error=verdict.max_rel_error if verdict.error is None else None))
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def _candidate_modules(self) -> dict[str, nn.Module]:
+        named = dict(self.root.named_modules())
+        modules = {"": self.root}
+        for members in repeated_block_groups(self.root).values():
+            modules.update({name: named[name] for name in members})
+        for name, child in self.root.named_children():
+            modules.setdefault(name, child)
+        return modules
+
+    def _candidates(self, modules: dict[str, nn.Module]) -> list[Candidate]:
+        assert self.profiler is not None
+        forward = self.profiler.forward_ms()
+        total = forward.get("") or sum(v for k, v in forward.items() if k and "." not in k) or 1e-9
+        named = dict(self.root.named_modules())
+        candidates: list[Candidate] = []
+        if "" in self.profiler.held_inputs:
+            candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0))
+        else:
+            self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")
+        grouped: set[str] = set()
+        for pattern, members in repeated_block_groups(self.root).items():
+            ms = sum(forward.get(name, 0.0) for name in members)
+            grouped.update(members)
+            candidates.append(Candidate(Region(pattern, members, [named[n] for n in members]), ms, ms / total))
+        for name, child in self.root.named_children():
+            if any(member.startswith(name + ".") or member == name for member in grouped):
+                continue
+            ms = forward.get(name, 0.0)
+            has_params = any(p.requires_grad for p in child.parameters())
+            if ms / total >= MIN_SHARE and name in self.profiler.held_inputs and (has_params or ms > 0):
+                candidates.append(Candidate(Region(name, [name], [child]), ms, ms / total))
+        return candidates
+
+    def _order(self, candidates: list[Candidate]) -> list[Candidate]:
+        whole = [c for c in candidates if c.name == MODEL]
+        parts = sorted((c for c in candidates if c.name != MODEL), key=lambda c: -c.share)
+        order = [c.name for c in whole + parts]
+        order = self.agree(order)  # profiled times differ by rank; the order must not
+        by_name = {c.name: c for c in candidates}
+        return [by_name[name] for name in order if name in by_name]
+
+    def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
+        remaining = self.remaining_batches() - (self.warmup_steps + self.trial_steps)
+        if remaining <= 0:
+            self._decide(candidate, self.options, kept=False, reason="skipped: the run ends before a trial could finish")
+            return False
+        spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
+        if spent and current_ms:
+            # Optimistic: compiling saves a quarter of the candidate's share of the step.
+            estimate = max(spent) * max(candidate.share, 0.05)
+            saving_s = 0.25 * candidate.share * current_ms / 1e3 * remaining
+            if saving_s < estimate:
+                self._decide(candidate, self.options, kept=False,
+                             reason=f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s")
+                return False
+        return True
+
+    def _verify(self, region: Region) -> VerificationResult:
+        assert self.profiler is not None
+        worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
+        for name, module in zip(region.module_names, region.modules):
+            held = self.profiler.held_inputs.get(name)
+            if held is None:
+                continue
+            args, kwargs = held
+            if self.verify:
+                result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance)
+            else:
+                result = warm_call(module, args, kwargs, context=self.context)
+            if not result.passed or result.max_rel_error > worst.max_rel_error:
+                worst = result
+            if not result.passed:
+                break
+        passed = bool(self.agree(worst.passed))
+        return dataclasses.replace(worst, passed=passed)
+
+    @staticmethod
+    def _failure_reason(verdict: VerificationResult) -> str:
+        if verdict.error:
+            return f"compile failed: {verdict.error[:300]}"
+        return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
+                f"{verdict.where} > tolerance {verdict.tolerance:.0e}")
+
+    def _compile_seconds(self, region_name: str) -> float:
+        self.watch.collect()
+        stats = self.watch.stats.get(region_name)
+        return stats.compile_seconds if stats is not None else 0.0
+
+    def _decide(self, candidate: Candidate, options: CompileOptions, *, kept: bool, reason: str, **numbers: Any) -> None:
+        self.decisions.append(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],
+                                       mode=options.mode or "default", kept=kept, reason=reason,
+                                       step=self._batch_index, time_share=candidate.share, **numbers))
+
+    def _coverage(self) -> float | None:
+        if self.profiler is None:
+            return None
+        if any(r.name == MODEL for r in self.regions):
+            return 1.0
+        forward = self.profiler.forward_ms()
+        total = forward.get("") or 0.0
+        if not total:
+            return None
+        covered = sum(forward.get(name, 0.0) for region in self.regions for name in region.module_names)
+        return min(1.0, covered / total)
+
+    # -- resume --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "frozen": self.frozen,
+            "decisions": [d.as_dict() for d in self.decisions],
+            "plan": [{"name": r.name, "modules": r.module_names, "mode": (r.compiled_with.mode if r.compiled_with else None)}
+                     for r in self.regions],
+            "eager_ms": self.eager_ms,
+            "coverage": self.coverage,
+            "notes": list(self.notes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state.get("frozen"):
+            return  # a run stopped mid-trials starts its trials again
+        self.decisions = [Decision.from_dict(d) for d in state.get("decisions", [])]
+        self.eager_ms = state.get("eager_ms")
+        self.coverage = state.get("coverage")
+        self.notes = list(state.get("notes", []))
+        self._saved_plan = list(state.get("plan", []))
+
+    def _apply_saved_plan(self, plan: list[dict[str, Any]]) -> None:
+        named = dict(self.root.named_modules())
+        for item in plan:
+            missing = [n for n in item["modules"] if n not in named and n != MODEL]
+            if missing:
+                raise ValueError(f"the saved compile plan names modules this model lacks: {missing}; "
+                                 f"resume with the same model, or start without ckpt_path.")
+            modules = [self.root if n in ("", MODEL) else named[n] for n in item["modules"]]
+            region = Region(item["name"], list(item["modules"]), modules)
+            self.watch.add_region(region)
+            compile_region(region, dataclasses.replace(self.options, mode=item.get("mode")))
+            self.regions.append(region)
+        self.frozen = True
+        self._script = self._frozen()
+
+    def _frozen(self) -> Iterator[str | None]:
+        for _ in range(self.warmup_steps):
+            yield WARMUP
+        while True:
+            yield COMPILED
+
+
+def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, context: Callable[[], Any]) -> VerificationResult:
+    """With verification off, still compile outside the step (so a failing compile reverts, not crashes)."""
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    try:
+        # Grad mode on, as in training, so the graph compiled here is the one the steps use.
+        with torch.random.fork_rng(devices=cuda_devices(module)), context(), torch.enable_grad():
+            module(*args, **kwargs)
+    except Exception as error:
+        return VerificationResult(False, float("inf"), 0.0, "compile", f"{type(error).__name__}: {error}")
+    finally:
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+    return VerificationResult(True, 0.0, 0.0, "not verified")

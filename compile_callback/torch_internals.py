@@ -231,3 +231,24 @@ def fallback_random() -> Iterator[None]:
 def reset_dynamo() -> None:
     """Forgets every compiled graph and dynamo's counters (used by tests and by a full re-plan)."""
     torch._dynamo.reset()
+
+
+def compiled_call(module: nn.Module) -> Any:
+    """The callable ``nn.Module.compile`` installed (holds dynamo's cache for this module), or None."""
+    return getattr(module, "_compiled_call_impl", None)
+
+
+def restore_compiled_call(module: nn.Module, compiled: Any) -> None:
+    """Puts back a callable from :func:`compiled_call`, so switching plans back costs no recompile."""
+    module._compiled_call_impl = compiled
+
+
+@contextmanager
+def eager_for_now(module: nn.Module) -> Iterator[None]:
+    """Runs ``module`` eagerly inside the block and restores its compiled callable afterwards."""
+    compiled = compiled_call(module)
+    module._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        module._compiled_call_impl = compiled

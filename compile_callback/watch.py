@@ -140,6 +140,11 @@ class CompileWatch:
     def set_regions(self, region_by_module_id: dict[int, str]) -> None:
         self.region_by_module_id = dict(region_by_module_id)
 
+    def add_region(self, region: Any) -> None:
+        """Attributes compiles under ``region``'s modules to ``region.name`` from now on."""
+        for module in region.modules:
+            self.region_by_module_id[id(module)] = region.name
+
     def set_phase(self, *, stage: str, epoch: int, step: int) -> None:
         self.stage, self.epoch, self.step = stage, epoch, step
 

@@ -1,0 +1,135 @@
+"""Profiling eager steps: forward time per candidate module, launch-boundness, and held inputs.
+
+Mechanism only. Forward pre/post hooks bracket each candidate module's forward with CUDA events (or
+``perf_counter`` on CPU); the events are read once profiling ends, so the profiled steps never wait on
+the host. Backward time is estimated as twice the forward time (the usual ratio for matmul- and
+conv-dominated layers); the estimate only orders candidates, the keep/revert decision is measured.
+The first call of each candidate module also holds a detached copy of its inputs, which verification
+replays later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+BACKWARD_TO_FORWARD = 2.0
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        if value.requires_grad and copy.is_floating_point():
+            copy.requires_grad_(True)
+        return copy
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detach(v) for v in value) if not hasattr(value, "_fields") else type(value)(*(_detach(v) for v in value))
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
+
+
+class RegionProfiler:
+    """Times the forward of named modules during eager steps and holds one input of each.
+
+    Args:
+        modules: ``name -> module`` to profile.
+        device: where the model runs.
+
+    Example:
+        >>> profiler = RegionProfiler({"blocks.0": block}, torch.device("cpu"))
+        >>> profiler.attach(); ...run steps...; profiler.detach()
+        >>> profiler.forward_ms()["blocks.0"]
+    """
+
+    def __init__(self, modules: dict[str, nn.Module], device: torch.device) -> None:
+        self.modules = modules
+        self.use_events = device.type == "cuda" and torch.cuda.is_available()
+        self._handles: list[RemovableHandle] = []
+        self._open: dict[str, list[Any]] = defaultdict(list)
+        self._spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
+        self.held_inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.steps = 0
+
+    def _now(self) -> Any:
+        if self.use_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def attach(self) -> None:
+        for name, module in self.modules.items():
+            self._handles.append(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post(name)))
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _pre(self, name: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if name not in self.held_inputs:
+                self.held_inputs[name] = (_detach(args), _detach(kwargs))
+            self._open[name].append(self._now())
+
+        return hook
+
+    def _post(self, name: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if self._open[name]:
+                self._spans[name].append((self._open[name].pop(), self._now()))
+
+        return hook
+
+    def forward_ms(self) -> dict[str, float]:
+        """Mean forward milliseconds per profiled step for each module (waits for pending events)."""
+        if self.use_events and any(self._spans.values()):
+            torch.cuda.synchronize()
+        steps = max(self.steps, 1)
+        totals = {}
+        for name in self.modules:
+            total = 0.0
+            for start, end in self._spans.get(name, []):
+                total += start.elapsed_time(end) if self.use_events else (end - start) * 1e3
+            totals[name] = total / steps
+        return totals
+
+
+def repeated_block_groups(root: nn.Module) -> dict[str, list[str]]:
+    """Groups of repeated sibling blocks: children of a ModuleList/Sequential of one class (>= 2).
+
+    Returns ``pattern -> module names``, e.g. ``{"transformer.h.*": ["transformer.h.0", ...]}``.
+    """
+    groups: dict[str, list[str]] = {}
+    for name, module in root.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        if len(children) < 2:
+            continue
+        classes = {type(child) for _, child in children}
+        if len(classes) == 1 and not issubclass(next(iter(classes)), (nn.ModuleList, nn.Sequential)):
+            prefix = f"{name}." if name else ""
+            if all(child_name.isdigit() for child_name, _ in children):
+                groups[f"{prefix}*"] = [f"{prefix}{child_name}" for child_name, _ in children]
+    # Keep outermost groups only: a group inside another group's blocks is covered by it.
+    names = sorted(groups, key=len)
+    kept: dict[str, list[str]] = {}
+    for pattern in names:
+        members = groups[pattern]
+        if not any(member.startswith(other + ".") for other_members in kept.values() for other in other_members for member in members):
+            kept[pattern] = members
+    return kept
+
+
+def host_ms_per_step(samples: Iterable[float]) -> float | None:
+    values = sorted(samples)
+    return values[len(values) // 2] if values else None

@@ -1,0 +1,187 @@
+"""regions="auto": profile, trial, verify, keep or revert — with real Trainers and real compiles."""
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from compile_callback import CompileCallback, torch_internals
+from tests.conftest import TinyModel, loader, make_trainer
+
+
+def _sleepy(gm, example_inputs):
+    def run(*args):
+        time.sleep(0.05)  # a compiled region 50 ms slower than eager
+        return gm.forward(*args)
+
+    return run
+
+
+def _perturbed(gm, example_inputs):
+    def run(*args):
+        outputs = gm.forward(*args)
+        return tuple(o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs) if isinstance(outputs, (tuple, list)) else outputs * 1.01
+
+    return run
+
+
+def _raising(gm, example_inputs):
+    raise RuntimeError("backend exploded while compiling")
+
+
+@pytest.fixture(autouse=True)
+def test_backends():
+    from torch._dynamo import register_backend  # the documented way to add a custom backend
+
+    for name, fn in [("test_sleepy", _sleepy), ("test_perturbed", _perturbed), ("test_raising", _raising)]:
+        try:
+            register_backend(compiler_fn=fn, name=name)
+        except Exception:
+            pass  # registered by an earlier test in this process
+    yield
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two processes' OpenMP teams on two cores spin against each other and make timings meaningless."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def auto(**kwargs) -> CompileCallback:
+    defaults = dict(eager_baseline_steps=4, warmup_steps=1, trial_steps=4, log_every_n_steps=5, min_speedup=1.03)
+    defaults.update(kwargs)
+    return CompileCallback(**defaults)
+
+
+def fit(tmp_path, callback, model=None, **trainer_kwargs):
+    model = model or TinyModel()
+    trainer = make_trainer(tmp_path, [callback], max_epochs=trainer_kwargs.pop("max_epochs", 3), **trainer_kwargs)
+    trainer.fit(model, loader(batch_size=8))
+    return callback.last_report, model
+
+
+def test_slower_region_is_reverted(tmp_path):
+    report, model = fit(tmp_path, auto(backend="test_sleepy", max_trials=2))
+    decisions = report["decisions"]
+    assert decisions[0]["region"] == "model" and not decisions[0]["kept"]
+    assert decisions[0]["reason"].startswith("not faster")
+    assert all(not d["kept"] for d in decisions)
+    assert not any(torch_internals.is_module_compiled(m) for m in model.modules())
+    assert report["summary"]["regions_reverted"] == len(decisions) >= 2
+
+
+def test_region_with_wrong_numerics_is_reverted(tmp_path):
+    report, model = fit(tmp_path, auto(backend="test_perturbed", max_trials=1))
+    decision = report["decisions"][0]
+    assert not decision["kept"]
+    assert decision["reason"].startswith("numerics differ from eager: max relative error")
+    assert not torch_internals.is_module_compiled(model)
+
+
+def test_region_whose_compile_raises_is_reverted_and_training_continues(tmp_path):
+    model = TinyModel()
+    report, model = fit(tmp_path, auto(backend="test_raising", max_trials=2), model=model)
+    assert report["decisions"][0]["reason"].startswith("compile failed: ")
+    assert "backend exploded" in report["decisions"][0]["reason"]
+    assert model.batches_seen == 3 * 12  # every batch of 3 epochs trained, none skipped or repeated
+
+
+def test_repeated_blocks_are_one_decision(tmp_path):
+    report, _ = fit(tmp_path, auto(backend="test_sleepy", max_trials=3))
+    regions = [d["region"] for d in report["decisions"]]
+    assert "blocks.*" in regions
+    block_decision = next(d for d in report["decisions"] if d["region"] == "blocks.*")
+    assert block_decision["modules"] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert not any(r.startswith("blocks.0") for r in regions)
+
+
+class Elementwise(L.LightningModule):
+    """Forty elementwise ops over a large tensor: eager makes forty passes over memory, inductor one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.batches_seen = 0
+
+    def forward(self, x):
+        for _ in range(30):
+            x = torch.sin(x) * self.scale + 0.1
+        return x
+
+    def training_step(self, batch, batch_idx):
+        self.batches_seen += 1
+        x = batch[0].repeat(8192, 1)
+        return self(x).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+
+@pytest.mark.slow
+def test_region_that_helps_is_kept_with_inductor(tmp_path):
+    callback = auto(backend="inductor", eager_baseline_steps=6, trial_steps=6, max_trials=1)
+    model = Elementwise()
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3)
+    trainer.fit(model, loader(batch_size=8))
+    decision = callback.last_report["decisions"][0]
+    assert decision["region"] == "model" and decision["kept"], decision["reason"]
+    assert decision["speedup"] > 1.3 and decision["max_rel_error"] <= 1e-3
+    assert callback.last_report["summary"]["speedup"] > 1.0
+    assert torch_internals.is_module_compiled(model)
+
+
+def test_verification_changes_nothing(tmp_path):
+    """Parameters, optimizer state and RNG after training equal a run where verification was off."""
+
+    class WithDropoutAndNorm(TinyModel):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.BatchNorm1d(16)
+            self.drop = nn.Dropout(0.3)
+
+        def forward(self, x):
+            x = self.drop(self.norm(self.embed(x)))
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    def run(callback, path):
+        L.seed_everything(7)
+        model = WithDropoutAndNorm()
+        trainer = make_trainer(path, [callback] if callback else [], max_epochs=2)
+        trainer.fit(model, loader(batch_size=8, shuffle=False))
+        optimizer_state = trainer.optimizers[0].state_dict()
+        return model.state_dict(), optimizer_state, torch.get_rng_state(), callback.last_report if callback else None
+
+    # The "eager" backend runs the same ops as eager, so any difference would come from verification.
+    state_on, optim_on, rng_on, report_on = run(auto(backend="eager", max_trials=2), tmp_path / "on")
+    state_off, optim_off, rng_off, _ = run(None, tmp_path / "off")
+    assert report_on["decisions"][0]["max_rel_error"] == 0.0  # verified, and the eager backend is exact
+    assert "num_batches_tracked" in "".join(state_on)
+    for key in state_on:
+        assert torch.equal(state_on[key], state_off[key]), key
+    assert torch.equal(rng_on, rng_off)
+    assert str(optim_on) == str(optim_off)
+
+
+def test_unverified_trials_report_no_error_figure(tmp_path):
+    report, _ = fit(tmp_path, auto(backend="eager", verify=False, max_trials=1))
+    assert report["decisions"][0]["max_rel_error"] is None
+
+
+def test_auto_needs_a_baseline():
+    with pytest.raises(ValueError, match=r"`eager_baseline_steps` must be >= 2 with regions='auto'"):
+        CompileCallback(eager_baseline_steps=0)
+
+
+def test_short_run_skips_trials_it_cannot_finish(tmp_path):
+    callback = auto(backend="eager")
+    trainer = make_trainer(tmp_path, [callback], max_steps=12)
+    trainer.fit(TinyModel(), loader(batch_size=8))
+    decisions = callback.last_report["decisions"]
+    assert decisions and all(d["reason"] == "skipped: the run ends before a trial could finish" for d in decisions)
