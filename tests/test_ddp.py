@@ -1,0 +1,62 @@
+"""Under Lightning DDP (2 CPU processes, gloo) every rank takes the same decisions."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from torch._dynamo import register_backend  # the documented way to add a custom backend
+
+from compile_callback import CompileCallback, torch_internals
+from tests.conftest import TinyModel, loader, make_trainer
+
+
+def _wrong_on_rank_one(gm, example_inputs):
+    """Compiled code that is wrong on rank 1 only: without agreement the ranks would decide apart.
+
+    (Slowness on one rank would not do: DDP's all-reduce makes every rank wait for the slowest.)
+    """
+
+    def run(*args):
+        outputs = gm.forward(*args)
+        if dist.is_initialized() and dist.get_rank() == 1:
+            return type(outputs)(o * 1.5 if isinstance(o, torch.Tensor) else o for o in outputs)
+        return outputs
+
+    return run
+
+
+register_backend(compiler_fn=_wrong_on_rank_one, name="test_wrong_on_rank_one")
+
+
+class RecordPlan(Callback):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_fit_end(self, trainer, pl_module):
+        compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
+        record = {
+            # region, kept, and the kind of reason ("numerics differ from eager", "not faster", ...)
+            "decisions": [(d.region, d.kept, d.reason.split(":")[0]) for d in compile_callback.planner.decisions],
+            "compiled": sorted(n for n, m in pl_module.named_modules() if torch_internals.is_module_compiled(m)),
+            "head_weight_sum": float(pl_module.head.weight.sum()),
+        }
+        with open(f"{self.directory}/rank{trainer.global_rank}.json", "w") as handle:
+            json.dump(record, handle)
+
+
+@pytest.mark.slow
+def test_ranks_agree_on_every_decision(tmp_path):
+    callback = CompileCallback(
+        backend="test_wrong_on_rank_one", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=2
+    )
+    trainer = make_trainer(
+        tmp_path, [callback, RecordPlan(str(tmp_path))], accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=3
+    )
+    trainer.fit(TinyModel(), loader(batch_size=4))
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank0["decisions"] and rank0["decisions"] == rank1["decisions"]
+    assert rank0["compiled"] == rank1["compiled"]
+    assert rank0["head_weight_sum"] == pytest.approx(rank1["head_weight_sum"])
