@@ -161,7 +161,9 @@ class ShapeCensus:
         return f"ShapeCensus({len(self)} observations, {len(self.counts)} distinct sizes)"
 
 
-def choose_buckets(sizes: Sequence[int] | ShapeCensus, *, max_buckets: int, multiple: int = 8, max_size: int | None = None) -> list[int]:
+def choose_buckets(
+    sizes: Sequence[int] | ShapeCensus, *, max_buckets: int, multiple: int = 8, max_size: int | None = None
+) -> list[int]:
     """Chooses at most ``max_buckets`` edges that minimize padded elements over ``sizes``.
 
     Every size is padded up to the smallest edge that holds it; the cost is ``sum(edge(s) - s)``.
@@ -350,7 +352,8 @@ def _resolve_fields(container: Any, fields: Fields | None, *, what: str) -> list
                 "`fields` to say which position holds what, e.g. fields={0: 'tokens', 1: 'labels'} or "
                 "fields={0: 'image', 1: 'labels'}."
             )
-        bad = [key for key in fields if isinstance(key, bool) or not isinstance(key, int) or not -len(container) <= key < len(container)]
+        size = len(container)
+        bad = [key for key in fields if isinstance(key, bool) or not isinstance(key, int) or not -size <= key < size]
         if bad:
             raise ValueError(
                 f"`fields` names positions {bad} but the {what} is a {type(container).__name__} of "
@@ -445,7 +448,8 @@ def padding_stats(
         elif class_labels:
             real, total = real + class_labels[0].ne(label_pad_id).sum() * pixels, total + images.shape[0] * pixels
         else:
-            real, total = real + torch.tensor(images.shape[0] * pixels, device=images.device), total + images.shape[0] * pixels
+            all_pixels = images.shape[0] * pixels
+            real, total = real + torch.tensor(all_pixels, device=images.device), total + all_pixels
         counted = True
     if not counted:
         if not class_labels:
@@ -704,7 +708,9 @@ class PadCollate:
         if isinstance(sample, Mapping):
             missing = [key for key, _ in layout if key not in sample]
             if missing:
-                raise ValueError(f"sample {index} of the batch lacks {missing}, which sample 0 has; got keys {list(sample)}.")
+                raise ValueError(
+                    f"sample {index} of the batch lacks {missing}, which sample 0 has; got keys {list(sample)}."
+                )
         elif isinstance(sample, (tuple, list)) and len(sample) != len(first):
             raise ValueError(f"sample {index} of the batch has {len(sample)} items but sample 0 has {len(first)}.")
         self._check_values(sample, layout)
@@ -757,7 +763,9 @@ class PadCollate:
 
     # -- padding ------------------------------------------------------------------------------------
 
-    def _pad_sample(self, sample: Any, layout: list[tuple[FieldKey | None, str]], length: int | None, image_hw: tuple[int, int] | None) -> tuple[Any, int, int]:
+    def _pad_sample(
+        self, sample: Any, layout: list[tuple[FieldKey | None, str]], length: int | None, image_hw: tuple[int, int] | None
+    ) -> tuple[Any, int, int]:
         """The padded sample, its real sequence length and its real pixels (of its first image)."""
         values = {key: _get(sample, key) for key, _ in layout}
         real_length = real_pixels = 0
@@ -777,7 +785,8 @@ class PadCollate:
                     first_image = value
                     real_pixels = value.shape[-2] * value.shape[-1]
                 height, width = image_hw
-                values[key] = _pad_image(value, height, width) if self.image_mode == "pad" else _resize_image(value, height, width)
+                fit = _pad_image if self.image_mode == "pad" else _resize_image
+                values[key] = fit(value, height, width)
         if self.image_mode == "resize" and image_hw is not None:
             real_pixels = image_hw[0] * image_hw[1]  # resizing adds no padding
 
@@ -856,7 +865,8 @@ class PadCollate:
         layout = self._layout(samples[0])
         for index, sample in enumerate(samples[1:], start=1):
             self._check_like_first(sample, index, samples[0], layout)
-        if self.short_batch == "pad" and real_count < self.batch_size and not any(role in ("labels", "mask") for _, role in layout):
+        maskable = any(role in ("labels", "mask") for _, role in layout)
+        if self.short_batch == "pad" and real_count < self.batch_size and not maskable:
             raise ValueError(
                 "short_batch='pad' masks its filler samples through labels (-100) and attention masks (0), "
                 f"but the samples have no field with role 'labels' or 'mask' (fields {layout}). Name the "

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
+import lightning
 
 CollateFn = Callable[[list[Any]], Any]
 
@@ -93,7 +94,9 @@ def _init_kwargs(loader: DataLoader, *, drop_last: bool | None) -> dict[str, Any
     return kwargs
 
 
-def rewrap_collate(loader: DataLoader, wrap: Callable[[CollateFn], CollateFn], *, drop_last: bool | None = None) -> DataLoader:
+def rewrap_collate(
+    loader: DataLoader, wrap: Callable[[CollateFn], CollateFn], *, drop_last: bool | None = None
+) -> DataLoader:
     """A new DataLoader equal to ``loader`` except that its collate_fn is ``wrap(loader.collate_fn)``.
 
     Dataset, sampler (the same object: a ``DistributedSampler`` keeps rank and replicas), batch size
@@ -122,8 +125,8 @@ def rewrap_collate(loader: DataLoader, wrap: Callable[[CollateFn], CollateFn], *
     """
     if not isinstance(loader, DataLoader):
         raise LoaderRewrapError(
-            f"rewrap_collate rebuilds a torch.utils.data.DataLoader; got a {type(loader).__name__}. For other "
-            f"iterables, {_PASS_THE_COLLATE_YOURSELF}."
+            "rewrap_collate rebuilds a torch.utils.data.DataLoader; got an object of type "
+            f"{type(loader).__name__}. For other iterables, {_PASS_THE_COLLATE_YOURSELF}."
         )
     loader_type = type(loader)
     if not _init_matches_dataloader(loader_type):
@@ -175,6 +178,6 @@ def rewrap_loaders(loaders: Any, wrap: Callable[[CollateFn], CollateFn], *, drop
             "CombinedLoader from them with the same mode."
         )
     raise LoaderRewrapError(
-        f"rewrap_loaders handles a DataLoader or lists, tuples and dicts of them; got a {type(loaders).__name__}."
-        f"{hint} Otherwise {_PASS_THE_COLLATE_YOURSELF}."
+        "rewrap_loaders handles a DataLoader or lists, tuples and dicts of them; got an object of type "
+        f"{type(loaders).__name__}.{hint} Otherwise {_PASS_THE_COLLATE_YOURSELF}."
     )

@@ -346,7 +346,11 @@ class AutoPlanner:
         total = forward.get("") or sum(v for k, v in forward.items() if k and "." not in k) or 1e-9
         named = dict(self.root.named_modules())
         candidates: list[Candidate] = []
-        if "" in self.profiler.held_inputs:
+        if "" in self.profiler.rerouted:
+            # Compiling the root would also compile the strategy's rerouted training_step (logging,
+            # Python side effects); compiling its parts is the safe plan under DDP.
+            self.notes.append("whole model not tried: the strategy (DDP) reroutes training_step through its forward")
+        elif "" in self.profiler.held_inputs:
             candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0))
         else:
             self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")

@@ -35,6 +35,11 @@ def _detach(value: Any) -> Any:
     return value
 
 
+def _forward_is_real(module: nn.Module) -> bool:
+    """False while a strategy has patched ``module.forward`` to reroute another method through it."""
+    return getattr(module.forward, "__func__", None) is type(module).forward
+
+
 class RegionProfiler:
     """Times the forward of named modules during eager steps and holds one input of each.
 
@@ -56,6 +61,7 @@ class RegionProfiler:
         self._spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
         self.held_inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self.steps = 0
+        self.rerouted: set[str] = set()  # modules whose forward the strategy patched (DDP's redirection)
 
     def _now(self) -> Any:
         if self.use_events:
@@ -76,6 +82,9 @@ class RegionProfiler:
 
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if not _forward_is_real(module):
+                self.rerouted.add(name)
+                return  # Lightning's DDP reroutes training_step through forward: not a forward call
             if name not in self.held_inputs:
                 self.held_inputs[name] = (_detach(args), _detach(kwargs))
             self._open[name].append(self._now())
@@ -84,7 +93,7 @@ class RegionProfiler:
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if self._open[name]:
+            if self._open[name] and _forward_is_real(module):
                 self._spans[name].append((self._open[name].pop(), self._now()))
 
         return hook
