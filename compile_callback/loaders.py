@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
-import lightning
 
 CollateFn = Callable[[list[Any]], Any]
 
