@@ -8,6 +8,7 @@ wiring, validation and logging.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -17,8 +18,21 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
+from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
+from compile_callback.collate import padding_stats
+from compile_callback.padding import (
+    PAD_STRATEGIES,
+    PaddingNotApplied,
+    PaddingPlan,
+    apply_to_loaders,
+    census_from_dataset,
+    first_loader,
+)
+from compile_callback.regions import compile_region, revert_region
+from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, AutoPlanner, FixedPlanner
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
@@ -26,8 +40,8 @@ from compile_callback.timing import StepTimer, summarize
 from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
+SHORT_BATCH_MODES = ("keep", "pad")
 PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
-ON_RECOMPILE_POLICIES = ("warn", "pad", "dynamic", "eager", "raise")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -65,6 +79,20 @@ class CompileCallback(Callback):
             compile reverts instead of crashing.
         verify_tolerance: max relative error allowed; ``None`` picks it by dtype (1e-3 for fp32,
             5e-2 under bf16 autocast).
+        on_recompile: what to do about recompile churn (a recompile after the first epoch, more than
+            ``max_recompiles_per_epoch`` in one epoch, or a region that hit dynamo's recompile limit):
+            ``"warn"`` (once per cause, with the fix), ``"pad"`` (turn on padding for a churning
+            dataloader dimension; otherwise ``"dynamic"``), ``"dynamic"`` (recompile the region once
+            with ``dynamic=True``), ``"eager"`` (run the region eager from now on) or ``"raise"``.
+        max_recompiles_per_epoch: more recompiles than this in one epoch is churn.
+        pad: pad batches to fixed sizes so shapes stop changing: ``None`` (off), ``"auto"`` (at most
+            ``pad_max_buckets`` sizes chosen from a census of the training set to minimize padding),
+            ``"max"`` (one size: the largest) or a list of sizes (bucket edges). Sequences (dict
+            samples with ``input_ids``; labels padded with -100, an ``attention_mask`` made or
+            extended) and images (padded at the bottom/right) are padded.
+        pad_max_buckets: the graph budget of ``pad="auto"``.
+        pad_multiple: padded sizes are multiples of this.
+        pad_short_batch: ``"keep"`` the short last batch or ``"pad"`` it with masked samples.
         log_every_n_steps: how often the ``compile/*`` scalars are logged; ``None`` follows the
             Trainer's ``log_every_n_steps``.
         report: print the report table at the end of fit and write ``compile_report.json``.
@@ -92,6 +120,12 @@ class CompileCallback(Callback):
         max_trials: int = 6,
         verify: bool = True,
         verify_tolerance: float | None = None,
+        on_recompile: str = "warn",
+        max_recompiles_per_epoch: int = 4,
+        pad: str | list[int] | None = None,
+        pad_max_buckets: int = 4,
+        pad_multiple: int = 64,
+        pad_short_batch: str = "keep",
         log_every_n_steps: int | None = None,
         report: bool = True,
     ) -> None:
@@ -138,6 +172,22 @@ class CompileCallback(Callback):
             raise ValueError(f"`verify` must be True or False; got {verify!r}.")
         if verify_tolerance is not None:
             _check_float("verify_tolerance", verify_tolerance, 0.0)
+        if on_recompile not in ON_RECOMPILE_POLICIES:
+            raise ValueError(
+                f"`on_recompile` must be one of {', '.join(repr(p) for p in ON_RECOMPILE_POLICIES)}; got {on_recompile!r}."
+            )
+        _check_int("max_recompiles_per_epoch", max_recompiles_per_epoch, 0)
+        if pad is not None and not (
+            pad in PAD_STRATEGIES
+            or (isinstance(pad, (list, tuple)) and pad and all(isinstance(e, int) and not isinstance(e, bool) and e > 0 for e in pad))
+        ):
+            raise ValueError(
+                f"`pad` must be None, 'auto', 'max' or a list of positive sizes (bucket edges); got {pad!r}."
+            )
+        _check_int("pad_max_buckets", pad_max_buckets, 1)
+        _check_int("pad_multiple", pad_multiple, 1)
+        if pad_short_batch not in SHORT_BATCH_MODES:
+            raise ValueError(f"`pad_short_batch` must be 'keep' or 'pad'; got {pad_short_batch!r}.")
         if regions == AUTO and eager_baseline_steps < 2:
             raise ValueError(
                 f"`eager_baseline_steps` must be >= 2 with regions='auto' (trials are measured against "
@@ -158,8 +208,23 @@ class CompileCallback(Callback):
         self.max_trials = max_trials
         self.verify = verify
         self.verify_tolerance = verify_tolerance
+        self.on_recompile = on_recompile
+        self.max_recompiles_per_epoch = max_recompiles_per_epoch
+        self.pad = list(pad) if isinstance(pad, (list, tuple)) else pad
+        self.pad_max_buckets = pad_max_buckets
+        self.pad_multiple = pad_multiple
+        self.pad_short_batch = pad_short_batch
         self.log_every_n_steps = log_every_n_steps
         self.report = report
+        self.padding: PaddingPlan | None = None
+        self.churn: ChurnPolicy | None = None
+        self._recompiles_seen = 0
+        self._fallbacks_seen = 0
+        self._padded_real: Any = 0
+        self._padded_total = 0
+        self._notes: list[str] = []
+        self._churn_actions: list[dict[str, Any]] = []
+        self._loaders_padded: set[str] = set()
 
         self.planner: FixedPlanner | AutoPlanner | None = None
         self.watch: CompileWatch | None = None
@@ -181,6 +246,72 @@ class CompileCallback(Callback):
         if self.regions != AUTO:
             # Names are checked here, before any training, so a typo costs nothing.
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
+        if self.pad is not None and stage == "fit":
+            self._pad_at_the_source(trainer, pl_module)
+
+    # -- padding -----------------------------------------------------------------------------------
+    def _padding_plan(self) -> PaddingPlan:
+        if self.padding is None:
+            self.padding = PaddingPlan(
+                self.pad if self.pad is not None else AUTO,
+                max_buckets=self.pad_max_buckets,
+                multiple=self.pad_multiple,
+                short_batch=self.pad_short_batch,
+            )
+        return self.padding
+
+    def _pad_loaders(self, loaders: Any, kind: str) -> None:
+        """Chooses the edges (from the first training loader's dataset) and puts the collate in."""
+        plan = self._padding_plan()
+        try:
+            if plan.edges is None:
+                loader = first_loader(loaders)
+                if loader is None:
+                    raise PaddingNotApplied(f"no torch DataLoader among the {kind} dataloaders")
+                census, target = census_from_dataset(loader.dataset)
+                plan.choose(census, target)
+                self._notes.append(
+                    f"padding: {plan.target} sizes from a census of {plan.census_size} samples -> edges {plan.edges}"
+                )
+            for warning in apply_to_loaders(loaders, plan):
+                rank_zero_warn(warning)
+            self._loaders_padded.add(kind)
+        except PaddingNotApplied as error:
+            rank_zero_warn(f"CompileCallback(pad={self.pad!r}) could not pad the {kind} dataloaders: {error}")
+            self._notes.append(f"padding not applied to {kind}: {error}")
+            self._loaders_padded.add(kind)  # said once; not retried every epoch
+
+    def _pad_at_the_source(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Wraps the ``*_dataloader`` hooks that will make the loaders, so batches are padded from the first."""
+        source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        for kind in ("train", "val"):
+            name = f"{kind}_dataloader"
+            original = getattr(source, name, None)
+            if original is None or not is_overridden(name, source):
+                continue
+
+            def padded(original=original, kind=kind):  # noqa: ANN001 - binds loop variables
+                loaders = original()
+                self._pad_loaders(loaders, kind)
+                return loaders
+
+            setattr(source, name, padded)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.pad is None:
+            return
+        # Loaders given to trainer.fit(...) directly are only reachable now, after the first epoch's
+        # iterator exists: they are padded from the next epoch on.
+        if "train" not in self._loaders_padded and trainer.train_dataloader is not None:
+            self._pad_loaders(trainer.train_dataloader, "train")
+            rank_zero_warn(
+                "CompileCallback(pad=...) pads dataloaders given to trainer.fit(...) from the second epoch on "
+                "(Lightning creates the first epoch's iterator before any callback hook). To pad from the "
+                "first batch, return the loaders from a LightningDataModule or the LightningModule's "
+                "train_dataloader()/val_dataloader()."
+            )
+        if "val" not in self._loaders_padded and trainer.val_dataloaders is not None:
+            self._pad_loaders(trainer.val_dataloaders, "val")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Runs on every rank after the strategy has moved and wrapped the model: compiling in place
@@ -224,6 +355,11 @@ class CompileCallback(Callback):
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
+        self.churn = ChurnPolicy(
+            self.on_recompile,
+            max_recompiles_per_epoch=self.max_recompiles_per_epoch,
+            first_epoch=trainer.current_epoch,
+        )
         self.watch.start()
         telemetry.log_layout(trainer.loggers)
         self.planner.before_fit()
@@ -258,6 +394,9 @@ class CompileCallback(Callback):
         self.watch.collect()
         self.planner.after_batch(self._batch_index, host_ms=host_ms)
         self._batch_index += 1
+        if self.padding is not None and self.padding.edges is not None:
+            self._count_padding(batch)
+        self._check_churn(trainer)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
@@ -270,6 +409,8 @@ class CompileCallback(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.watch is not None:
             self.watch.collect()
+            if not trainer.sanity_checking:
+                self._check_churn(trainer)
             self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -306,6 +447,68 @@ class CompileCallback(Callback):
         # Applied in on_fit_start, once the model's regions exist; old checkpoints load with defaults.
         self._loaded_state = dict(state_dict)
 
+    # -- churn ---------------------------------------------------------------------------------------
+    def _count_padding(self, batch: Any) -> None:
+        try:
+            stats = padding_stats(batch)
+        except (ValueError, TypeError):
+            return  # a batch the padding does not describe (e.g. a tuple without roles): not counted
+        self._padded_real = self._padded_real + stats.real_elements  # a device tensor: no host sync
+        self._padded_total += int(stats.total_elements)
+
+    def _check_churn(self, trainer: Trainer) -> None:
+        assert self.watch is not None and self.churn is not None
+        fallbacks = [(name, s.fallback_reason or "") for name, s in self.watch.stats.items() if s.eager_fallback]
+        if len(self.watch.recompiles) == self._recompiles_seen and len(fallbacks) == self._fallbacks_seen:
+            return
+        self._recompiles_seen, self._fallbacks_seen = len(self.watch.recompiles), len(fallbacks)
+        for action in self.churn.check(self.watch.recompiles, fallbacks):
+            self._act(trainer, action)
+
+    def _our_region(self, name: str) -> Any:
+        assert self.planner is not None
+        return next((r for r in self.planner.regions if r.name == name and r.is_compiled), None)
+
+    def _act(self, trainer: Trainer, action: ChurnAction) -> None:
+        assert self.planner is not None
+        policy = action.policy
+        if policy == "raise":
+            raise RecompileChurnError(action.message())
+        if policy == "pad":
+            if action.kind == SHAPE and self.pad is None and trainer.train_dataloader is not None:
+                self.pad = AUTO
+                self._pad_loaders(trainer.train_dataloader, "train")
+                if trainer.val_dataloaders is not None:
+                    self._pad_loaders(trainer.val_dataloaders, "val")
+                if self.padding is not None and self.padding.edges is not None:
+                    self._record(action, "padding turned on from the next epoch: edges " + str(self.padding.edges))
+                    return
+            policy = "dynamic"
+            self._notes.append(f"on_recompile='pad' fell back to 'dynamic' for {action.cause}: not a dataloader size")
+        region = self._our_region(action.region)
+        if policy in ("eager", "dynamic") and region is None:
+            rank_zero_warn(action.message() + f" (on_recompile={policy!r} acts on regions this callback compiled; "
+                           f"`{action.region}` was compiled elsewhere)")
+            return
+        if policy == "eager":
+            revert_region(region)
+            self._record(action, "reverted to eager: recompile churn")
+        elif policy == "dynamic":
+            options = region.compiled_with
+            revert_region(region)
+            compile_region(region, CompileOptions(options.backend, options.mode, options.fullgraph, True, options.options))
+            self._record(action, "recompiled once with dynamic=True against recompile churn")
+        else:
+            rank_zero_warn(action.message())
+        self._notes.append(action.message())
+
+    def _record(self, action: ChurnAction, what: str) -> None:
+        self._churn_actions.append(
+            {"region": action.region, "policy": action.policy, "action": what, "cause": action.cause,
+             "why": action.why, "batch": self._batch_index}
+        )
+        rank_zero_warn(f"CompileCallback: `{action.region}` {what}: {action.cause} ({action.why}).")
+
     # -- metrics and report ------------------------------------------------------------------------
     def metrics(self) -> dict[str, float | None]:
         """The ``compile/*`` scalars now: speedup and step times (medians), and dynamo's accounting."""
@@ -332,6 +535,8 @@ class CompileCallback(Callback):
         coverage = getattr(self.planner, "coverage", None)
         if coverage is not None:
             values[telemetry.COVERAGE] = coverage
+        if self._padded_total:
+            values[telemetry.PADDING_WASTE] = 1.0 - float(self._padded_real) / self._padded_total
         return values
 
     def build_report(self) -> dict[str, Any]:
@@ -366,6 +571,7 @@ class CompileCallback(Callback):
                 "eager_fallbacks": int(metrics[telemetry.EAGER_FALLBACKS] or 0),
                 "regions_compiled": int(metrics[telemetry.REGIONS_COMPILED] or 0),
                 "regions_reverted": int(metrics[telemetry.REGIONS_REVERTED] or 0),
+                "padding_waste": metrics.get(telemetry.PADDING_WASTE),
                 "batches": self._batch_index,
             },
             "environment": {"torch": torch.__version__, "backend": self.backend},
@@ -374,8 +580,10 @@ class CompileCallback(Callback):
                 "frozen": bool(getattr(self.planner, "frozen", True)),
                 "launch_bound": getattr(self.planner, "launch_bound", None),
                 "coverage": getattr(self.planner, "coverage", None),
-                "notes": list(getattr(self.planner, "notes", [])),
+                "notes": list(getattr(self.planner, "notes", [])) + self._notes,
             },
+            "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,
+            "churn_actions": list(self._churn_actions),
             "decisions": [d.as_dict() for d in self.planner.decisions],
             "regions": regions,
             "recompiles": [r.as_dict() for r in self.watch.recompiles],

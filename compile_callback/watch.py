@@ -20,17 +20,36 @@ from compile_callback.torch_internals import CompileEvent, CompileRecord, GraphB
 UNATTRIBUTED = "(unattributed)"
 
 _SIZE_MISMATCH = re.compile(r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+_VALUE_GUARD = re.compile(r"^(?P<subject>[\w\.\[\]'\"]+) == (?P<value>\S+)\s*(#\s*(?P<code>.*?)\s*#\s*(?P<where>\S+:\d+ in \w+))?")
 _COMPILE_ID_PREFIX = re.compile(r"^\s*!?\d+/\d+(_\d+)?:\s*")
 
+SHAPE = "shape"
+PYTHON_VALUE = "python value"
+OTHER = "other"
 
-def readable_guard_failure(reason: str) -> str:
-    """Dynamo's guard-failure text made readable: "`x.size(1)` changed 512 → 640" for a shape guard."""
+
+def classify_guard_failure(reason: str) -> tuple[str, str]:
+    """Dynamo's guard-failure text as (kind, readable text).
+
+    Kinds: ``"shape"`` ("`x.size(1)` changed 512 → 640"), ``"python value"`` (an int or other Python
+    value the code reads changed: "`self.n` (a Python value) changed from 3, read at file:line"), or
+    ``"other"`` (dynamo's own first line, e.g. a requires_grad or dtype change).
+    """
     text = _COMPILE_ID_PREFIX.sub("", torch_internals.first_line(reason))
     match = _SIZE_MISMATCH.search(text)
     if match:
         name, kind, index, expected, actual = match.groups()
-        return f"`{name}.{kind}({index})` changed {expected} → {actual}"
-    return text
+        return SHAPE, f"`{name}.{kind}({index})` changed {expected} → {actual}"
+    match = _VALUE_GUARD.match(text)
+    if match:
+        where = f", read at {match.group('where')}" if match.group("where") else ""
+        return PYTHON_VALUE, f"`{match.group('subject')}` (a Python value) changed from {match.group('value')}{where}"
+    return OTHER, text
+
+
+def readable_guard_failure(reason: str) -> str:
+    """The readable text of :func:`classify_guard_failure`."""
+    return classify_guard_failure(reason)[1]
 
 
 @dataclasses.dataclass
@@ -42,6 +61,7 @@ class Recompile:
     stage: str
     epoch: int
     step: int
+    kind: str = OTHER
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -193,7 +213,9 @@ class CompileWatch:
     # -- records ---------------------------------------------------------------------------------
     def collect(self) -> list[CompileRecord]:
         """Reads dynamo's compile records since the last call; call after any step that compiled."""
-        if not self._dirty:
+        # A compile refused at the recompile limit fires no hook, only a record: look for new records
+        # even when no hook fired (one identity check on the newest record: no per-step cost to speak of).
+        if not self._dirty and torch_internals.compile_record_count_marker() is self._marker:
             return []
         self._dirty = False
         records = torch_internals.records_after(self._marker)
@@ -216,10 +238,10 @@ class CompileWatch:
             stats.cache_hits += record.fx_cache_hits
             stats.cache_misses += record.fx_cache_misses
             if record.recompile_reason and record.is_forward:
-                reason = readable_guard_failure(record.recompile_reason)
+                kind, reason = classify_guard_failure(record.recompile_reason)
                 stats.recompiles += 1
                 stats.recompile_reasons[reason] += 1
-                self.recompiles.append(Recompile(region, reason, self.stage, self.epoch, self.step))
+                self.recompiles.append(Recompile(region, reason, self.stage, self.epoch, self.step, kind))
                 self.epoch_recompiles[(self.stage, self.epoch)] += 1
             if record.hit_recompile_limit:
                 stats.eager_fallback = True

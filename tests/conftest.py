@@ -147,3 +147,62 @@ def read_text(log_dir: str, tag: str) -> list[str]:
             if stored in (tag, f"{tag}/text_summary"):
                 texts.extend(event.tensor_proto.string_val[0].decode() for event in accumulator.Tensors(stored))
     return texts
+
+
+class TokenModel(L.LightningModule):
+    """A per-token model over dict batches {"input_ids", "labels"[, "attention_mask"]}."""
+
+    def __init__(self, vocab: int = 32, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList([Block(width) for _ in range(2)])
+        self.head = nn.Linear(width, vocab)
+        self.shapes_seen: list[tuple[int, ...]] = []
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.cross_entropy(self.head(x).flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+    def training_step(self, batch, batch_idx):
+        self.shapes_seen.append(tuple(batch["input_ids"].shape))
+        loss = self(batch["input_ids"], batch["labels"])
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self(batch["input_ids"], batch["labels"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class VarLenDataset(Dataset):
+    """Token sequences whose lengths cycle through ``lengths`` (dict samples, like a tokenized corpus)."""
+
+    def __init__(self, lengths: list[int], repeats: int = 2, group: int = 4, vocab: int = 32) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.items = []
+        # ``group`` samples of each length in a row: with batch_size=group every batch has one length.
+        for length in [length for _ in range(repeats) for length in lengths for _ in range(group)]:
+            tokens = torch.randint(1, vocab, (length + 1,), generator=generator)
+            self.items.append({"input_ids": tokens[:-1], "labels": tokens[1:]})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        return self.items[index]
+
+
+def pad_to_longest(samples):
+    """The usual collate for variable-length text: pad to the batch's longest (shapes change per batch)."""
+    longest = max(s["input_ids"].shape[0] for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    labels = torch.full((len(samples), longest), -100, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        n = sample["input_ids"].shape[0]
+        ids[row, :n] = sample["input_ids"]
+        labels[row, :n] = sample["labels"]
+    return {"input_ids": ids, "labels": labels}

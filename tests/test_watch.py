@@ -85,4 +85,7 @@ def test_watch_survives_dynamo_reset():
 
 def test_readable_guard_failure_leaves_other_text():
     assert readable_guard_failure("0/1: tensor 'x' size mismatch at index 1. expected 512, actual 640") == "`x.size(1)` changed 512 → 640"
-    assert readable_guard_failure("3/2: self.n == 4") == "self.n == 4"
+    assert readable_guard_failure("3/2: self.n == 4") == "`self.n` (a Python value) changed from 4"
+    assert readable_guard_failure("0/0: tensor 'x' requires_grad mismatch. expected requires_grad=0") == (
+        "tensor 'x' requires_grad mismatch. expected requires_grad=0"
+    )

@@ -1,0 +1,98 @@
+"""Policy against recompile churn: when recompiles are churn, and what to do about each cause.
+
+Churn is a recompile after the first training epoch (shapes should have been seen by then), more
+than ``max_recompiles_per_epoch`` recompiles in one epoch, or a region that hit dynamo's recompile
+limit and silently runs eager. Each (region, cause) is acted on once. The callback carries out the
+actions (it owns the regions and the loaders); this module only decides and words them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable
+
+from compile_callback.watch import PYTHON_VALUE, SHAPE, Recompile
+
+ON_RECOMPILE_POLICIES = ("warn", "pad", "dynamic", "eager", "raise")
+
+
+class RecompileChurnError(RuntimeError):
+    """Raised by ``on_recompile="raise"``: names the region, the failed guard and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChurnAction:
+    """One thing to do about one cause of churn in one region."""
+
+    policy: str
+    region: str
+    cause: str
+    kind: str
+    why: str  # "recompiled after the first epoch", "5 recompiles in epoch 0 (limit 4)", "hit the recompile limit"
+
+    def message(self) -> str:
+        return f"`{self.region}` recompiles: {self.cause} ({self.why}). Fix: {fix_for(self.kind)}"
+
+
+def fix_for(kind: str) -> str:
+    if kind == SHAPE:
+        return (
+            "pad that dimension to a few fixed sizes (CompileCallback(pad='auto')), or compile the region "
+            "with dynamic=True (on_recompile='dynamic') so one graph serves every size."
+        )
+    if kind == PYTHON_VALUE:
+        return (
+            "a Python value the compiled code reads changes between calls: keep it constant, pass it as a "
+            "tensor, or move it out of the compiled region."
+        )
+    return "make the input's dtype, device, requires_grad and layout the same on every call."
+
+
+class ChurnPolicy:
+    """Decides, after each batch, which recompile causes are churn and what to do about them.
+
+    Args:
+        policy: one of :data:`ON_RECOMPILE_POLICIES`.
+        max_recompiles_per_epoch: more recompiles than this in one epoch (train or validation) is churn.
+        first_epoch: the epoch the run (or the resumed run) started in; its recompiles are warm-up.
+    """
+
+    def __init__(self, policy: str, *, max_recompiles_per_epoch: int, first_epoch: int = 0) -> None:
+        self.policy = policy
+        self.max_recompiles_per_epoch = max_recompiles_per_epoch
+        self.first_epoch = first_epoch
+        self.handled: set[tuple[str, str]] = set()
+        self.actions: list[ChurnAction] = []
+
+    def check(self, recompiles: Iterable[Recompile], fallbacks: Iterable[tuple[str, str]] = ()) -> list[ChurnAction]:
+        """New actions for the recompiles and eager fallbacks seen so far (each cause acted on once).
+
+        Args:
+            recompiles: every recompile of the run so far.
+            fallbacks: ``(region, reason)`` for each region that hit the recompile limit.
+        """
+        per_epoch = Counter((r.stage, r.epoch) for r in recompiles)
+        new: list[ChurnAction] = []
+        for region, reason in fallbacks:
+            new += self._once(region, reason, SHAPE if "size(" in reason else "other", "hit the recompile limit and now runs eager")
+        for recompile in recompiles:
+            count = per_epoch[(recompile.stage, recompile.epoch)]
+            if recompile.stage == "train" and recompile.epoch > self.first_epoch:
+                why = f"recompiled in epoch {recompile.epoch}, after the first"
+            elif count > self.max_recompiles_per_epoch:
+                why = f"{count} recompiles in {recompile.stage} epoch {recompile.epoch} (max_recompiles_per_epoch={self.max_recompiles_per_epoch})"
+            else:
+                continue
+            new += self._once(recompile.region, recompile.reason, recompile.kind, why)
+        return new
+
+    def _once(self, region: str, cause: str, kind: str, why: str) -> list[ChurnAction]:
+        # One action per changing thing: "`x.size(1)` changed 512 → 640" and "... 640 → 768" are one cause.
+        key = (region, cause.split(" changed")[0])
+        if key in self.handled:
+            return []
+        self.handled.add(key)
+        action = ChurnAction(self.policy, region, cause, kind, why)
+        self.actions.append(action)
+        return [action]
