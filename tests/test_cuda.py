@@ -1,0 +1,71 @@
+"""CUDA-only behaviour: event timing without host syncs, inductor on the GPU, CUDA graphs, bf16 tolerances.
+
+Skipped without an NVIDIA GPU (see conftest); run on the GPU machine with ``pytest -m cuda``.
+"""
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from compile_callback import CompileCallback, StepTimer, torch_internals
+from tests.conftest import loader, make_trainer
+
+pytestmark = pytest.mark.cuda
+
+
+def test_step_timer_reads_events_lazily():
+    timer = StepTimer(torch.device("cuda"))
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(5):
+        timer.start()
+        for _ in range(10):
+            x = torch.tanh(x @ x)
+        timer.stop("work")
+    assert timer.count("work") == 5
+    samples = timer.samples_ms("work", wait=True)
+    assert len(samples) == 5 and all(s > 0 for s in samples)
+
+
+class ManySmallOps(L.LightningModule):
+    """A launch-bound step: many tiny kernels, where CUDA graphs pay off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(32, 32) for _ in range(24)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + x
+        return x
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        return self(x.repeat(1, 4)).square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
+
+
+def test_auto_on_cuda_keeps_a_faster_plan_and_tries_cuda_graphs(tmp_path):
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15, log_every_n_steps=10)
+    model = ManySmallOps()
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=20)
+    trainer.fit(model, loader(batch_size=8))
+    report = callback.last_report
+    assert report["plan"]["launch_bound"] is True, report["plan"]
+    modes = [d["mode"] for d in report["decisions"]]
+    assert "reduce-overhead" in modes, report["decisions"]
+    assert report["summary"]["speedup"] > 1.0, report["summary"]
+
+
+def test_bf16_verification_uses_the_bf16_tolerance(tmp_path):
+    callback = CompileCallback(["layers.*"], eager_baseline_steps=2, warmup_steps=1)
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", precision="bf16-mixed", max_steps=6)
+    trainer.fit(ManySmallOps(), loader(batch_size=8))
+    assert callback.last_report["summary"]["graphs"] >= 1
+    auto = CompileCallback(eager_baseline_steps=4, warmup_steps=1, trial_steps=4, max_trials=1)
+    trainer = make_trainer(tmp_path / "auto", [auto], accelerator="cuda", precision="bf16-mixed", max_epochs=4)
+    trainer.fit(ManySmallOps(), loader(batch_size=8))
+    decision = auto.last_report["decisions"][0]
+    assert decision["max_rel_error"] is not None and decision["max_rel_error"] < 5e-2, decision
