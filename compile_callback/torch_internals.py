@@ -57,13 +57,21 @@ def install_compile_hooks(
 ) -> tuple[Callable[[Any], None], Callable[[Any], None]]:
     """Registers start/end hooks around each dynamo compile; returns the handles for removal."""
 
-    def start(args: Any) -> None:
-        frame_id, attempt = parse_compile_id(args.compile_id)
-        on_start(CompileEvent(args.compile_id, args.callback_trigger.name, frame_id, attempt))
+    def event(args: Any) -> CompileEvent:
+        # Hooks get CallbackArgs(callback_trigger, compile_id) since torch 2.7; older ones get nothing.
+        if args is None:
+            compile_id = str(torch._guards.CompileContext.current_compile_id())
+            trigger = "DYNAMO"
+        else:
+            compile_id, trigger = str(args.compile_id), args.callback_trigger.name
+        frame_id, attempt = parse_compile_id(compile_id)
+        return CompileEvent(compile_id, trigger, frame_id, attempt)
 
-    def end(args: Any) -> None:
-        frame_id, attempt = parse_compile_id(args.compile_id)
-        on_end(CompileEvent(args.compile_id, args.callback_trigger.name, frame_id, attempt))
+    def start(args: Any = None) -> None:
+        on_start(event(args))
+
+    def end(args: Any = None) -> None:
+        on_end(event(args))
 
     _callback_handler.register_start_callback(start)
     _callback_handler.register_end_callback(end)
@@ -162,7 +170,7 @@ def compile_records() -> list[CompileRecord]:
                 is_forward=metrics.is_forward is not False,
                 code_name=metrics.co_name,
                 code_location=location,
-                recompile_reason=metrics.recompile_reason,
+                recompile_reason=getattr(metrics, "recompile_reason", None),
                 fail_type=metrics.fail_type,
                 fail_reason=metrics.fail_reason,
                 seconds=seconds,
