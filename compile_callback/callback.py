@@ -537,7 +537,28 @@ class CompileCallback(Callback):
             values[telemetry.COVERAGE] = coverage
         if self._padded_total:
             values[telemetry.PADDING_WASTE] = 1.0 - float(self._padded_real) / self._padded_total
+        values.update(self._anatomy(eager_ms, compiled_ms))
         return values
+
+    def _anatomy(self, eager_ms: float | None, compiled_ms: float | None) -> dict[str, float | None]:
+        """Where compile time went (dynamo's own split), cache hits, and when compiling pays back."""
+        assert self.watch is not None and self.planner is not None
+        stats = list(self.watch.stats.values())
+        hits, misses = sum(s.cache_hits for s in stats), sum(s.cache_misses for s in stats)
+        compile_s = sum(s.compile_seconds for s in stats)
+        saved_ms = (eager_ms - compiled_ms) if eager_ms and compiled_ms else None
+        verified = [d for d in self.planner.decisions if d.max_rel_error is not None or d.reason.startswith("numerics")]
+        return {
+            telemetry.ANATOMY_DYNAMO_S: sum(s.dynamo_seconds for s in stats),
+            telemetry.ANATOMY_AOT_AUTOGRAD_S: sum(s.aot_autograd_seconds for s in stats),
+            telemetry.ANATOMY_INDUCTOR_S: sum(s.inductor_seconds for s in stats),
+            telemetry.ANATOMY_CACHE_HIT_RATE: hits / (hits + misses) if hits + misses else None,
+            # Steps of the current plan needed to repay every second spent compiling.
+            telemetry.ANATOMY_BREAK_EVEN_STEPS: compile_s * 1e3 / saved_ms if saved_ms and saved_ms > 0 else None,
+            telemetry.ANATOMY_VERIFICATION_PASS_RATE: (
+                sum(1 for d in verified if not d.reason.startswith("numerics")) / len(verified) if verified else None
+            ),
+        }
 
     def build_report(self) -> dict[str, Any]:
         """The report as a JSON-ready dict: summary, decisions, per-region accounting, causes, suggestions."""
@@ -584,6 +605,7 @@ class CompileCallback(Callback):
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,
             "churn_actions": list(self._churn_actions),
+            "anatomy": {tag.rsplit("/", 1)[-1]: value for tag, value in metrics.items() if "/anatomy/" in tag},
             "decisions": [d.as_dict() for d in self.planner.decisions],
             "regions": regions,
             "recompiles": [r.as_dict() for r in self.watch.recompiles],

@@ -28,6 +28,12 @@ COVERAGE = "compile/coverage"
 MAX_REL_ERROR = "compile/max_rel_error"
 PADDING_WASTE = "compile/padding_waste"
 REPORT_TEXT = "compile/report"
+ANATOMY_DYNAMO_S = "compile/anatomy/dynamo_s"
+ANATOMY_AOT_AUTOGRAD_S = "compile/anatomy/aot_autograd_s"
+ANATOMY_INDUCTOR_S = "compile/anatomy/inductor_s"
+ANATOMY_CACHE_HIT_RATE = "compile/anatomy/cache_hit_rate"
+ANATOMY_BREAK_EVEN_STEPS = "compile/anatomy/break_even_steps"
+ANATOMY_VERIFICATION_PASS_RATE = "compile/anatomy/verification_pass_rate"
 
 
 def log_scalars(loggers: Iterable[Logger], metrics: Mapping[str, float | None], step: int) -> None:
@@ -60,7 +66,13 @@ def custom_scalars_layout() -> dict[str, Any]:
             "graph breaks and eager fallbacks": ["Multiline", [GRAPH_BREAKS, EAGER_FALLBACKS]],
             "decisions": ["Multiline", [REGIONS_COMPILED, REGIONS_REVERTED]],
             "padding waste": ["Multiline", [PADDING_WASTE]],
-        }
+        },
+        "compile anatomy": {
+            "compile time split (s)": ["Multiline", [ANATOMY_DYNAMO_S, ANATOMY_AOT_AUTOGRAD_S, ANATOMY_INDUCTOR_S]],
+            "cache hit rate": ["Multiline", [ANATOMY_CACHE_HIT_RATE]],
+            "break-even (steps)": ["Multiline", [ANATOMY_BREAK_EVEN_STEPS]],
+            "verification pass rate": ["Multiline", [ANATOMY_VERIFICATION_PASS_RATE]],
+        },
     }
 
 
