@@ -24,7 +24,10 @@ BACKWARD_TO_FORWARD = 2.0
 
 def _detach(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        copy = value.detach().clone()
+        # Same strides as the original: dynamo guards on them, and a contiguous copy of a sliced batch
+        # would make verification compile a graph that training never uses.
+        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+        copy.copy_(value.detach())
         if value.requires_grad and copy.is_floating_point():
             copy.requires_grad_(True)
         return copy
