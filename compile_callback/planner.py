@@ -416,7 +416,7 @@ class AutoPlanner:
         if verdict.error:
             return f"compile failed: {verdict.error[:300]}"
         return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
-                f"{verdict.where} > tolerance {verdict.tolerance:.0e}")
+                f"{verdict.where}; tolerance {verdict.tolerance:.0e}")
 
     def _compile_seconds(self, region_name: str) -> float:
         self.watch.collect()

@@ -20,9 +20,14 @@ from torch.utils._pytree import tree_flatten
 
 from compile_callback import torch_internals
 
-# Max relative error (infinity norm of the difference over that of eager), by compute dtype. fp32 is
-# the SPEC's 1e-3; bf16 keeps 8 mantissa bits, so fused and unfused kernels round differently by ~1e-2.
+# Max relative error (per tensor ||compiled - eager|| / ||eager||, worst tensor), by compute dtype: fp32
+# is the SPEC's 1e-3. In bf16/fp16 two correct computations differ by their own rounding (bf16 keeps 8
+# mantissa bits; a gradient summed over a large batch in bf16 can be 10% off), so there the test is
+# against an fp32 eager reference: compiled must be no further from it than eager is, times
+# REDUCED_PRECISION_SLACK, plus the floor below.
 TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+REDUCED_PRECISION_SLACK = 2.0
+REDUCED_PRECISION_FLOOR = 1e-3
 _SEED = 1234
 
 
@@ -44,15 +49,18 @@ def compute_dtype() -> torch.dtype:
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Normwise relative error ||actual - expected|| / ||expected||; inf on NaN/inf disagreement."""
     actual, expected = actual.detach().double(), expected.detach().double()
     if actual.shape != expected.shape:
         return float("inf")
-    if not torch.isfinite(actual).all() and not torch.equal(torch.isfinite(actual), torch.isfinite(expected)):
+    if not torch.equal(torch.isfinite(actual), torch.isfinite(expected)):
         return float("inf")
     finite = torch.isfinite(expected)
-    scale = expected[finite].abs().max().item() if finite.any() else 0.0
-    diff = (actual[finite] - expected[finite]).abs().max().item() if finite.any() else 0.0
-    return diff / max(scale, 1e-12)
+    if not finite.any():
+        return 0.0
+    diff = torch.linalg.vector_norm(actual[finite] - expected[finite]).item()
+    scale = torch.linalg.vector_norm(expected[finite]).item()
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
 def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -116,15 +124,27 @@ def verify_module(
         with torch.enable_grad(), torch_internals.eager_for_now(module):
             eager_out, eager_grads = _run(module, args, kwargs)
         restore_buffers()
-    worst, where = 0.0, "output"
+        reference = None
+        if dtype in (torch.float16, torch.bfloat16) and tolerance is None:
+            device_type = next((p.device.type for p in module.parameters()), "cpu")
+            with torch.enable_grad(), torch_internals.eager_for_now(module), torch.autocast(device_type, enabled=False):
+                reference = _run(module, args, kwargs)
+            restore_buffers()
     if len(compiled_out) != len(eager_out):
         return VerificationResult(False, float("inf"), limit, "output count differs")
     names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
-    pairs = [("output", a, b) for a, b in zip(compiled_out, eager_out)]
-    pairs += [(names[i] if i < len(names) else "grad of input", a, b) for i, (a, b) in enumerate(zip(compiled_grads, eager_grads))]
-    for label, actual, expected in pairs:
+    labels = ["output"] * len(compiled_out) + [names[i] if i < len(names) else "grad of input" for i in range(len(compiled_grads))]
+    compiled_all, eager_all = compiled_out + compiled_grads, eager_out + eager_grads
+    worst, where, passed = 0.0, "output", True
+    for index, (label, actual, expected) in enumerate(zip(labels, compiled_all, eager_all)):
         error = _relative_error(actual, expected)
         if error > worst or error != error:
             worst, where = error, label
-    passed = worst <= limit
+        if reference is None:
+            passed = passed and error <= limit
+        else:
+            truth = (reference[0] + reference[1])[index]
+            allowed = REDUCED_PRECISION_SLACK * _relative_error(expected, truth) + REDUCED_PRECISION_FLOOR
+            if _relative_error(actual, truth) > allowed:
+                passed, where = False, f"{label} (further from fp32 than eager: > {allowed:.1e})"
     return VerificationResult(passed, worst, limit, where)

@@ -189,6 +189,21 @@ class CompileWatch:
         return fallback
 
     def _on_start(self, event: CompileEvent) -> None:
+        try:
+            self._start(event)
+        except Exception as error:  # a watch must never break a compile
+            self._note_failure(error)
+
+    def _on_end(self, event: CompileEvent) -> None:
+        try:
+            self._end(event)
+        except Exception as error:
+            self._note_failure(error)
+
+    def _note_failure(self, error: Exception) -> None:
+        self.stats[UNATTRIBUTED].compile_errors.append(f"compile watch: {type(error).__name__}: {error}")
+
+    def _start(self, event: CompileEvent) -> None:
         self._dirty = True
         if event.trigger == "DYNAMO":
             self.compiles_seen += 1
@@ -198,7 +213,7 @@ class CompileWatch:
                 self._region_of_frame.setdefault(event.frame_id, region)
         self._open[event.compile_id] = (torch_internals.unique_graphs(), torch_internals.graph_break_count())
 
-    def _on_end(self, event: CompileEvent) -> None:
+    def _end(self, event: CompileEvent) -> None:
         graphs_before, breaks_before = self._open.pop(event.compile_id, (None, None))
         if graphs_before is None:
             return

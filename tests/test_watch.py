@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from compile_callback.regions import CompileOptions, compile_region, resolve_regions
@@ -6,10 +7,21 @@ from compile_callback import torch_internals
 from tests.conftest import BreakingBlock, TinyModel
 
 
+WATCHES = []
+
+
+@pytest.fixture(autouse=True)
+def stop_watches():
+    yield
+    while WATCHES:
+        WATCHES.pop().stop()
+
+
 def _watch(model, regions):
     names = {id(m): n for n, m in model.named_modules()}
     watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)
     watch.start()
+    WATCHES.append(watch)
     return watch
 
 

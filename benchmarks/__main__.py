@@ -1,0 +1,265 @@
+"""``python -m benchmarks --workload gpt2``: every variant of a workload, side by side, in one process.
+
+One command per workload on the H200 (each fits a 10-minute limit, compiling cold included):
+
+    python -m benchmarks --workload gpt2             # ~3-4 min
+    python -m benchmarks --workload resnet50         # ~4-6 min
+    python -m benchmarks --workload resnet18_cifar   # ~3-5 min
+    python -m benchmarks --workload gpt2_varlen      # ~6-8 min (3 epochs of 192 steps, 7 variants)
+
+    python -m benchmarks --workload gpt2 --total-steps 1000   # adds the first-1000-steps wall time
+    python -m benchmarks --workload resnet18_cifar --variants whole_ro callback
+    python -m benchmarks --smoke                              # every workload, tiny, on CPU (~40 s)
+
+Writes ``<out>/<workload>-<date>.json`` (one record per variant; rewritten after each variant, so a
+run cut short keeps what it measured) and ``.md`` (the table), and prints the table.
+``python -m benchmarks.table benchmarks/results/*.json`` renders BENCHMARKS.md from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import shlex
+import sys
+import warnings
+from typing import Any
+
+import lightning
+import torch
+
+from benchmarks import dynamo_counts
+from benchmarks.measure import H200_PEAK_BF16_FLOPS
+from benchmarks.runner import RunSettings, precision, run_workload
+from benchmarks.table import render_result
+from benchmarks.variants import VARIANTS, callback_options, make_callback, trial_budget
+from benchmarks.workloads import VARIANTS as WORKLOAD_VARIANTS
+from benchmarks.workloads import VARLEN_LENGTHS, WORKLOADS, Workload, make_workload
+
+DEFAULT_OUT = os.path.join("benchmarks", "results")
+SMOKE_OUT = os.path.join(DEFAULT_OUT, "smoke")  # not kept in git: smoke numbers are no measurement
+ALL = "all"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run the variants of a workload one after another in one process, on the same data and "
+        "initial weights, and report step times, speedups against Lightning eager, compile cost and "
+        "dynamo's counts.",
+    )
+    parser.add_argument(
+        "--workload", choices=(*WORKLOADS, ALL), default=ALL,
+        help="which workload (default: all of them, one after another; on a GPU run one per command).",
+    )
+    parser.add_argument(
+        "--variants", nargs="+", metavar="VARIANT",
+        help=f"a subset of the workload's variants ({', '.join(VARIANTS)}); 'eager' is always added, the "
+        "speedups are measured against it.",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None,
+        help="steady-state steps measured per variant, the last ones of its run (default 60, smoke 3); "
+        "gpt2_varlen: the shortest epoch.",
+    )
+    parser.add_argument(
+        "--total-steps", type=int, default=None,
+        help="steps every variant runs (default: what CompileCallback() may spend on trials + --steps); "
+        "1000 also reports the SPEC's first-1000-steps wall time.",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None,
+        help="gpt2_varlen: epochs per variant (default 3, smoke 2); the last one is the steady window.",
+    )
+    parser.add_argument(
+        "--planned-steps", type=int, default=None,
+        help="max_steps given to the Trainer, i.e. the run length CompileCallback plans for "
+        "(default max(5000, total steps)); every variant still stops after --total-steps.",
+    )
+    parser.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}; --smoke: {SMOKE_OUT})")
+    parser.add_argument(
+        "--smoke", action="store_true",
+        help="tiny models and dynamo's 'eager' backend: checks the harness on CPU in seconds.",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name in ("steps", "total_steps", "epochs", "planned_steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1; got {value}.")
+    return args
+
+
+def select_variants(workload_variants: tuple[str, ...], requested: list[str] | None, workload: str) -> list[str]:
+    """The requested variants in the workload's order, with ``eager`` added.
+
+    Raises:
+        ValueError: a variant this workload does not have, with the ones it has.
+    """
+    if not requested:
+        return list(workload_variants)
+    names = [name for item in requested for name in item.split(",") if name]
+    unknown = [name for name in names if name not in workload_variants]
+    if unknown:
+        raise ValueError(
+            f"--variants: {', '.join(unknown)} not a variant of {workload}; choose from {', '.join(workload_variants)}."
+        )
+    wanted = set(names) | {"eager"}
+    return [name for name in workload_variants if name in wanted]
+
+
+def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch.device, out: str) -> RunSettings:
+    """Step counts: long enough for the callback's trials, then a steady window for every variant."""
+    measured = args.steps or (3 if args.smoke else 60)
+    budget = trial_budget(make_callback(VARIANTS["callback"], smoke=args.smoke))
+    if workload_name == "gpt2_varlen":
+        if args.total_steps is not None:
+            raise ValueError("--total-steps is for the fixed-shape workloads; gpt2_varlen runs --epochs epochs.")
+        # An epoch holds the callback's whole trial phase: "zero recompiles after the first epoch"
+        # then means zero recompiles once the plan is frozen. Epochs are whole cycles of lengths.
+        epoch_steps = VARLEN_LENGTHS * math.ceil(max(budget, measured) / VARLEN_LENGTHS)
+        epochs = args.epochs or (2 if args.smoke else 3)
+        total, measured = epochs * epoch_steps, epoch_steps
+    else:
+        epoch_steps = None
+        total = args.total_steps or budget + measured
+        if total < measured:
+            raise ValueError(f"--total-steps ({total}) must be at least --steps ({measured}).")
+    planned = max(args.planned_steps or 5000, total)
+    return RunSettings(
+        device=device,
+        smoke=args.smoke,
+        total_steps=total,
+        measured_steps=measured,
+        planned_steps=planned,
+        epoch_steps=epoch_steps,
+        run_dir=os.path.join(out, "runs", workload_name),
+        peak_flops=H200_PEAK_BF16_FLOPS if device.type == "cuda" else None,
+        seed=args.seed,
+    )
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def output_stem(out: str, workload: str, *, smoke: bool) -> str:
+    date = datetime.date.today().isoformat()
+    return os.path.join(out, f"{workload}{'-smoke' if smoke else ''}-{date}")
+
+
+def new_result(
+    args: argparse.Namespace, command: str, workload: Workload, variant_names: list[str], settings: RunSettings
+) -> dict[str, Any]:
+    """The result file's header: what ran, where, how; the records follow."""
+    return {
+        "workload": workload.name,
+        "description": workload.description,
+        "command": command,
+        **environment(settings.device),
+        "smoke": args.smoke,
+        "complete": False,
+        "settings": {
+            "precision": precision(settings.device),
+            "total_steps": settings.total_steps,
+            "measured_steps": settings.measured_steps,
+            "planned_steps": settings.planned_steps,
+            "epoch_steps": settings.epoch_steps,
+            "batch_size": workload.batch_size,
+            "flops_per_token": workload.flops_per_token,
+            "peak_flops": settings.peak_flops,
+            "callback_options": callback_options(VARIANTS["callback"], smoke=args.smoke),
+            "compile_caches": "disabled: every variant compiles cold",
+            "seed": args.seed,
+        },
+        "variants": variant_names,
+        "records": [],
+    }
+
+
+def write_result(result: dict[str, Any], stem: str) -> None:
+    """``<stem>.json`` (the records) and ``<stem>.md`` (the table), rewritten after every variant."""
+    with open(stem + ".json", "w") as handle:
+        json.dump(result, handle, indent=2, default=str)
+    with open(stem + ".md", "w") as handle:
+        handle.write(render_result(result))
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT)
+    os.makedirs(out, exist_ok=True)
+    workloads = list(WORKLOADS) if args.workload == ALL else [args.workload]
+    plans = []
+    try:  # every selection checked before anything runs
+        for workload_name in workloads:
+            settings = resolve_settings(args, workload_name, device, out)
+            variant_names = select_variants(WORKLOAD_VARIANTS[workload_name], args.variants, workload_name)
+            plans.append((workload_name, variant_names, settings))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    failed = False
+    for workload_name, variant_names, settings in plans:
+        workload = make_workload(workload_name, smoke=args.smoke, device=device, seed=args.seed)
+        result = new_result(args, command, workload, variant_names, settings)
+        stem = output_stem(out, workload_name, smoke=args.smoke)
+
+        def save(records: list[dict[str, Any]]) -> None:
+            result["records"] = records
+            write_result(result, stem)
+
+        records = run_workload(workload, variant_names, settings, on_record=save)
+        result["complete"] = True
+        write_result(result, stem)
+        print(render_result(result))
+        print(f"written to {stem}.json and {stem}.md\n", flush=True)
+        failed = failed or any(r.get("status") == "error" for r in records)
+    return 1 if failed else 0
+
+
+def quiet_logs() -> None:
+    """Keeps the log to the benchmark's own lines: Lightning's per-fit banners and known warnings go.
+
+    The CompileCallback's report table goes too; its decisions and numbers are in the JSON and the
+    notes under the table.
+    """
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    for message in (
+        ".*does not have many workers.*",  # the batches are pre-made on the device
+        ".*`validation_step` but have no `val_dataloader`.*",  # no validation, on purpose
+        ".*treespec, LeafSpec.*",  # Lightning 2.6 on torch >= 2.10, nothing to act on
+        ".*dynamo_pgo force disabled.*",  # the point of disable_compile_caches()
+    ):
+        warnings.filterwarnings("ignore", message=message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)
+    # TF32 for float32 matmuls (outside autocast: optimizer math, the CPU smoke run's fp32): a strong
+    # baseline, as BENCHMARKING.md asks; it applies to every variant alike.
+    torch.set_float32_matmul_precision("high")
+    # cuDNN searches the fastest convolution algorithm per shape (the Trainers get benchmark=True too;
+    # set here so the plain loop, which runs first, gets the same strong convolutions).
+    torch.backends.cudnn.benchmark = torch.cuda.is_available()
+    dynamo_counts.keep_all_compile_records()
+    dynamo_counts.disable_compile_caches()
+    quiet_logs()
+    return run(args, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Measuring a variant: step times, wall time, tokens, recompiles per epoch, and the numbers derived from them.
+
+One plain object, :class:`StepMeter`, does the measuring for both loops; two thin Lightning callbacks
+call it from the Trainer's hooks (``StepStart`` first in the callback list and ``StepEnd`` last, so the
+timed span holds every other callback's hooks too: the CompileCallback's own overhead is part of its
+step time). The plain PyTorch loop calls the same methods directly.
+
+Step time is forward + backward + optimizer step, timed with CUDA events on a GPU (read once, at the
+end: no host sync per step) and ``time.perf_counter`` on CPU, where the work is synchronous.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from benchmarks import dynamo_counts
+
+H200_PEAK_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak of an H100/H200 SXM, as in SPEC.md
+
+TokenCount = tuple[int | torch.Tensor, int]  # (real tokens, all tokens) of one batch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile (the same definition as compile_callback.timing.summarize)."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+class StepMeter:
+    """Times every step of one variant and keeps what the record needs.
+
+    Args:
+        device: where the steps run; CUDA is timed with events.
+        total_steps: steps the variant runs; :meth:`step_end` returns True after the last one.
+        measured_steps: the steady-state window, the last ``measured_steps`` steps.
+        epoch_steps: steps per epoch, to count recompiles per epoch (None: one epoch).
+        wall_steps: step counts at which the wall time since :meth:`begin` is taken (synchronized);
+            ``total_steps`` is always one of them.
+        count_tokens: ``batch -> (real tokens, all tokens)`` for token throughput and padding waste;
+            called after the step's end is marked, so its work is not timed.
+
+    Example:
+        >>> meter = StepMeter(torch.device("cpu"), total_steps=10, measured_steps=5)
+        >>> meter.begin()
+        >>> for batch in batches:
+        ...     meter.step_start(); train(batch); done = meter.step_end()
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        total_steps: int,
+        measured_steps: int,
+        epoch_steps: int | None = None,
+        wall_steps: Sequence[int] = (1000,),
+        count_tokens: Callable[[Any], TokenCount] | None = None,
+    ) -> None:
+        if not 1 <= measured_steps <= total_steps:
+            raise ValueError(f"measured_steps must be in 1..total_steps={total_steps}; got {measured_steps}.")
+        self.device = device
+        self.use_events = device.type == "cuda"
+        self.total_steps = total_steps
+        self.measured_steps = measured_steps
+        self.epoch_steps = epoch_steps or total_steps
+        self.wall_steps = sorted({s for s in wall_steps if s <= total_steps} | {total_steps})
+        self.count_tokens = count_tokens
+        self.steps = 0
+        self._started_at: Any = None
+        self._spans: list[Any] = []  # (start event, end event) on CUDA, milliseconds on CPU
+        self._tokens: list[TokenCount] = []
+        self._wall_s: dict[int, float] = {}
+        self._recompiles_at_epoch_end: list[int] = []
+        self._t0 = 0.0
+        self.final_loss: float | None = None
+
+    def begin(self) -> None:
+        """Starts the wall clock: call it right before the loop (or ``trainer.fit``)."""
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
+
+    def step_start(self) -> None:
+        if self.use_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._started_at = event
+        else:
+            self._started_at = time.perf_counter()
+
+    def step_end(self, *, batch: Any = None, loss: torch.Tensor | None = None) -> bool:
+        """Ends the step begun by :meth:`step_start`; True when the variant has run all its steps."""
+        if self._started_at is None:
+            return self.steps >= self.total_steps
+        if self.use_events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._spans.append((self._started_at, event))
+        else:
+            self._spans.append((time.perf_counter() - self._started_at) * 1e3)
+        self._started_at = None
+        self.steps += 1
+        if self.count_tokens is not None and batch is not None:
+            self._tokens.append(self.count_tokens(batch))
+        if self.steps % self.epoch_steps == 0:
+            self._recompiles_at_epoch_end.append(dynamo_counts.recompile_count())
+        if self.steps in self.wall_steps:
+            synchronize(self.device)
+            self._wall_s[self.steps] = time.perf_counter() - self._t0
+        done = self.steps >= self.total_steps
+        if done and loss is not None:
+            # Read now: a CUDA-graph output is overwritten by the next replay.
+            self.final_loss = float(loss.detach().float())
+        return done
+
+    def step_ms(self) -> list[float]:
+        synchronize(self.device)
+        if self.use_events:
+            return [start.elapsed_time(end) for start, end in self._spans]
+        return list(self._spans)
+
+    def result(self) -> dict[str, Any]:
+        """Step-time statistics over the steady window, wall times, tokens and recompiles per epoch."""
+        step_ms = self.step_ms()
+        steady = step_ms[-self.measured_steps :]
+        record: dict[str, Any] = {
+            "steps_run": self.steps,
+            "steps_measured": len(steady),
+            "median_ms": statistics.median(steady) if steady else None,
+            "p90_ms": percentile(steady, 0.9) if steady else None,
+            "mean_ms": statistics.fmean(steady) if steady else None,
+            "first_step_ms": step_ms[0] if step_ms else None,
+            "wall_s_at_step": {str(k): v for k, v in sorted(self._wall_s.items())},
+            "wall_first_steps_s": self._wall_s.get(self.total_steps),
+            "final_loss": self.final_loss,
+            "recompiles_per_epoch": _per_epoch(self._recompiles_at_epoch_end),
+            "step_ms_all": [round(ms, 3) for ms in step_ms],
+        }
+        if self._tokens:
+            real = _to_ints([t[0] for t in self._tokens])
+            total = [t[1] for t in self._tokens]
+            steady_real = sum(real[-len(steady) :])
+            steady_seconds = sum(steady) / 1e3
+            record["tokens_per_s"] = steady_real / steady_seconds if steady_seconds > 0 else None
+            record["real_tokens"] = sum(real)
+            record["all_tokens"] = sum(total)
+            record["padding_waste"] = 1.0 - sum(real) / sum(total) if sum(total) else None
+        return record
+
+
+def _to_ints(values: list[int | torch.Tensor]) -> list[int]:
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [int(v) for v in values]
+    # One transfer for the whole run instead of one host sync per step.
+    read = iter(torch.stack([t.reshape(()) for t in tensors]).tolist())
+    return [int(next(read)) if isinstance(v, torch.Tensor) else int(v) for v in values]
+
+
+def _per_epoch(cumulative: list[int]) -> list[int]:
+    return [now - before for before, now in zip([0, *cumulative[:-1]], cumulative)]
+
+
+def mfu(tokens_per_s: float | None, flops_per_token: float | None, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization: achieved model FLOP/s over the hardware's peak (None when unknown)."""
+    if not tokens_per_s or not flops_per_token or not peak_flops:
+        return None
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+def speedup(eager_ms: float | None, variant_ms: float | None) -> float | None:
+    if not eager_ms or not variant_ms or not math.isfinite(eager_ms) or not math.isfinite(variant_ms):
+        return None
+    return eager_ms / variant_ms
+
+
+# -- Lightning adapters ---------------------------------------------------------------------------
+class StepStart(Callback):
+    """Starts the meter's step; goes first in the Trainer's callback list."""
+
+    def __init__(self, meter: StepMeter) -> None:
+        self.meter = meter
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.meter.step_start()
+
+
+class StepEnd(Callback):
+    """Ends the meter's step and stops the Trainer after the last one; goes last in the callback list.
+
+    The Trainer is given a longer ``max_steps`` (the run the CompileCallback plans for) and stopped
+    here through the public ``trainer.should_stop``.
+    """
+
+    def __init__(self, meter: StepMeter) -> None:
+        self.meter = meter
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self.meter.step_end(batch=batch, loss=loss if isinstance(loss, torch.Tensor) else None):
+            trainer.should_stop = True

@@ -1,0 +1,293 @@
+"""Runs a workload's variants one after another in this process, on the same data and initial weights.
+
+Each variant gets a fresh module loaded with the same state dict, a fresh dataloader over the same
+batches, the same seed, and a dynamo with no compiled code (``torch.compiler.reset()``); it trains for
+the same number of steps, and its record holds the measurements of :mod:`benchmarks.measure` and the
+counts of :mod:`benchmarks.dynamo_counts`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from benchmarks import dynamo_counts
+from benchmarks.measure import StepEnd, StepMeter, StepStart, mfu, speedup
+from benchmarks.variants import (
+    VARIANTS,
+    Variant,
+    apply_compile,
+    callback_options,
+    compile_kwargs,
+    make_callback,
+    skip_reason,
+)
+from benchmarks.workloads import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How long and where every variant of one workload runs.
+
+    Attributes:
+        device: the training device (``cuda`` when there is one).
+        smoke: tiny shapes and dynamo's ``eager`` backend (CPU CI).
+        total_steps: steps every variant runs; the wall time of these steps is reported.
+        measured_steps: the steady-state window, the last ``measured_steps`` steps.
+        planned_steps: ``max_steps`` given to the Trainer, the run length the CompileCallback plans
+            for (it weighs compile time against the steps left); the run stops after ``total_steps``.
+        epoch_steps: steps per epoch (recompiles are counted per epoch); None: one epoch.
+        run_dir: where each variant's Trainer writes (``default_root_dir``; the callback's report).
+        peak_flops: the device's peak FLOP/s for MFU, None when unknown.
+        seed: seeds the weights (already made) and each variant's RNG.
+    """
+
+    device: torch.device
+    smoke: bool
+    total_steps: int
+    measured_steps: int
+    planned_steps: int
+    epoch_steps: int | None
+    run_dir: str
+    peak_flops: float | None
+    seed: int = 0
+
+
+def precision(device: torch.device) -> str:
+    return "bf16-mixed" if device.type == "cuda" else "32-true"
+
+
+def initial_state(workload: Workload, device: torch.device, *, seed: int) -> dict[str, torch.Tensor]:
+    """The weights every variant starts from (made once, on the device)."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        module = workload.build_module()
+    return {key: value.detach().clone() for key, value in module.state_dict().items()}
+
+
+def run_workload(
+    workload: Workload,
+    variant_names: list[str],
+    settings: RunSettings,
+    *,
+    on_record: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per variant, in order; speedups are filled in against the ``eager`` variant.
+
+    ``on_record`` gets the records so far after each variant, so a run cut short by a time limit still
+    leaves what it measured.
+    """
+    state = initial_state(workload, settings.device, seed=settings.seed)
+    warm_up_process(workload, settings, state)
+    records: list[dict[str, Any]] = []
+    for name in variant_names:
+        print(f"[benchmarks] {workload.name}: {name} ...", file=sys.stderr, flush=True)
+        record = run_variant(workload, VARIANTS[name], settings, state)
+        records.append(record)
+        print(f"[benchmarks] {workload.name}: {name} {_one_line(record)}", file=sys.stderr, flush=True)
+        add_speedups(records, by_throughput=workload.cycle_length is not None)
+        if on_record is not None:
+            on_record(records)
+    return records
+
+
+def warm_up_process(workload: Workload, settings: RunSettings, state: dict[str, torch.Tensor], *, steps: int = 3) -> None:
+    """A few eager steps before any variant: CUDA context, cuBLAS/cuDNN handles and cuDNN's algorithm
+    search (per shape, process-wide) are paid here, not by whichever variant happens to run first."""
+    torch.manual_seed(settings.seed)
+    with torch.device(settings.device):
+        module = workload.build_module()
+    module.load_state_dict(state)
+    meter = StepMeter(settings.device, total_steps=steps, measured_steps=1)
+    _plain_loop(module, workload.train_loader(steps), meter, workload, settings.device)
+    del module, meter
+    warm_up_compiler(settings)
+    gc.collect()
+
+
+def warm_up_compiler(settings: RunSettings) -> None:
+    """Compiles a tiny forward and backward once, then forgets it: the compiler's one-time start-up
+    (imports, the compile worker pool, the C++/Triton toolchain probes; ~10 s on CPU) is then not
+    charged to the first compiled variant's compile time."""
+    backend = compile_kwargs(VARIANTS["whole"], smoke=settings.smoke)["backend"]
+    layer = torch.nn.Linear(16, 16, device=settings.device)
+    compiled = torch.compile(layer, backend=backend)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if settings.device.type == "cuda" else contextlib.nullcontext()
+    with autocast:
+        output = compiled(torch.randn(8, 16, device=settings.device))
+    output.float().sum().backward()
+    dynamo_counts.start_variant()
+
+
+def run_variant(workload: Workload, variant: Variant, settings: RunSettings, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Trains ``variant`` for ``settings.total_steps`` steps and returns its record (never raises)."""
+    record: dict[str, Any] = {"workload": workload.name, "variant": variant.name, "description": variant.description}
+    reason = skip_reason(variant)
+    if reason is not None:
+        return {**record, "status": "skipped", "reason": reason}
+    try:
+        record.update(_train_and_measure(workload, variant, settings, state))
+        record["status"] = "ok"
+    except Exception as error:  # a variant that fails is reported; the others still run
+        traceback.print_exc()
+        record.update(status="error", error=f"{type(error).__name__}: {str(error).strip()[:2000]}")
+    finally:
+        gc.collect()
+        if settings.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def _train_and_measure(
+    workload: Workload, variant: Variant, settings: RunSettings, state: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    device = settings.device
+    torch.manual_seed(settings.seed)
+    start = dynamo_counts.start_variant()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.device(device):
+        module = workload.build_module()
+    module.load_state_dict(state)
+    loader = workload.train_loader(settings.epoch_steps or settings.total_steps, pad_to_max=variant.pad_to_max)
+    meter = StepMeter(
+        device,
+        total_steps=settings.total_steps,
+        measured_steps=settings.measured_steps,
+        epoch_steps=settings.epoch_steps,
+        count_tokens=workload.count_tokens,
+    )
+    compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
+    callback = make_callback(variant, smoke=settings.smoke) if variant.callback is not None else None
+    if variant.lightning:
+        _lightning_fit(module, loader, meter, settings, variant, callback)
+    else:
+        _plain_loop(module, loader, meter, workload, device)
+
+    record: dict[str, Any] = {"compiled": compiled}
+    if callback is not None:
+        record["callback_options"] = callback_options(variant, smoke=settings.smoke)
+    record.update(meter.result())
+    counts = dynamo_counts.counts_since(start)
+    record["compile_s_dynamo"] = counts.pop("compile_s")
+    record["compile_s"] = record["compile_s_dynamo"]
+    record["compile_s_source"] = "dynamo compile records"
+    record.update(counts)
+    if callback is not None:
+        report = callback.last_report or {}
+        summary = report.get("summary", {})
+        if summary.get("compile_time_s") is not None:
+            record["compile_s"] = summary["compile_time_s"]
+            record["compile_s_source"] = "CompileCallback report"
+        record["callback"] = {
+            "summary": summary,
+            "plan": report.get("plan"),
+            "decisions": report.get("decisions", []),
+            "suggestions": report.get("suggestions", []),
+        }
+    if workload.cycle_length is None and record.get("real_tokens") and record["median_ms"]:
+        # One shape: throughput from the median step, like the other columns (a mean would carry outliers).
+        record["tokens_per_s"] = record["real_tokens"] / record["steps_run"] * 1e3 / record["median_ms"]
+    per_epoch = record["recompiles_per_epoch"]
+    record["recompiles_after_first_epoch"] = sum(per_epoch[1:]) if len(per_epoch) > 1 else None
+    if record["median_ms"]:
+        record["samples_per_s"] = workload.batch_size * 1e3 / record["median_ms"]
+    record["mfu"] = mfu(record.get("tokens_per_s"), workload.flops_per_token, settings.peak_flops)
+    record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return record
+
+
+def _lightning_fit(
+    module: LightningModule,
+    loader: Any,
+    meter: StepMeter,
+    settings: RunSettings,
+    variant: Variant,
+    callback: Any,
+) -> None:
+    cuda = settings.device.type == "cuda"
+    # The meter's start goes first and its end last, so the CompileCallback's hooks are inside the
+    # timed step: its monitoring overhead is part of what is measured.
+    callbacks = [StepStart(meter), *([callback] if callback is not None else []), StepEnd(meter)]
+    trainer = Trainer(
+        accelerator="auto",
+        devices=1,
+        precision=precision(settings.device),
+        max_steps=settings.planned_steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        # cuDNN picks the fastest convolution algorithm per shape: a strong eager baseline.
+        benchmark=True if cuda else None,
+        default_root_dir=os.path.join(settings.run_dir, variant.name),
+        callbacks=callbacks,
+    )
+    meter.begin()
+    trainer.fit(module, train_dataloaders=loader)
+    if meter.steps < settings.total_steps:
+        raise RuntimeError(
+            f"the Trainer stopped after {meter.steps} of {settings.total_steps} steps; the dataloader or "
+            f"max_steps={settings.planned_steps} is too short."
+        )
+
+
+def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload: Workload, device: torch.device) -> None:
+    """The same training step with no Lightning: autocast, forward + loss, backward, optimizer step."""
+    module.to(device)
+    module.train()
+    optimizer = workload.optimizer(module)
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    )
+    meter.begin()
+    done = False
+    while not done:
+        for batch in loader:
+            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+            meter.step_start()
+            with autocast:
+                loss = workload.loss(module, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = meter.step_end(batch=batch, loss=loss)
+            if done:
+                break
+
+
+def add_speedups(records: list[dict[str, Any]], *, by_throughput: bool) -> None:
+    """``speedup_vs_eager``: eager median step time / the variant's (variable lengths: real tokens/s ratio)."""
+    eager = next((r for r in records if r["variant"] == "eager" and r.get("status") == "ok"), None)
+    for record in records:
+        if record.get("status") != "ok":
+            continue
+        if eager is None:
+            record["speedup_vs_eager"] = None
+        elif by_throughput:
+            record["speedup_vs_eager"] = speedup(record.get("tokens_per_s"), eager.get("tokens_per_s"))
+        else:
+            record["speedup_vs_eager"] = speedup(eager.get("median_ms"), record.get("median_ms"))
+        record["speedup_basis"] = "real tokens/s" if by_throughput else "median step time"
+
+
+def _one_line(record: dict[str, Any]) -> str:
+    if record.get("status") != "ok":
+        return f"{record.get('status')}: {record.get('reason') or record.get('error')}"
+    return (
+        f"median {record['median_ms']:.2f} ms, p90 {record['p90_ms']:.2f} ms, "
+        f"wall {record['wall_first_steps_s']:.1f} s, compile {record['compile_s']:.1f} s, "
+        f"graphs {record['graphs']}, recompiles {record['recompiles']}, breaks {record['graph_breaks']}"
+    )

@@ -1,0 +1,319 @@
+"""Markdown from the benchmark's JSON: one table per workload, and the SPEC's targets with verdicts.
+
+    python -m benchmarks.table benchmarks/results/*.json                 # prints BENCHMARKS.md
+    python -m benchmarks.table benchmarks/results/*.json --output BENCHMARKS.md
+
+Where several files hold the same workload, the newest (by its ``date``) is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured", "n/a"
+SPEC_WALL_STEPS = 1000
+ANCHORS = ("eager", "whole", "whole_ro", "per_block")  # what "the best anchor" is chosen from
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+def _number(value: Any, spec: str, suffix: str = "") -> str:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "–"
+    return f"{value:{spec}}{suffix}"
+
+
+def _percent(value: Any) -> str:
+    return _number(value * 100 if isinstance(value, (int, float)) else None, ".1f", "%")
+
+
+def records_by_variant(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {record["variant"]: record for record in result.get("records", [])}
+
+
+# -- one workload ------------------------------------------------------------------------------------
+def render_table(result: dict[str, Any]) -> str:
+    """The workload's table: one row per variant."""
+    varlen = result["workload"].endswith("varlen")
+    language = result["workload"].startswith("gpt")
+    total = result.get("settings", {}).get("total_steps")
+    throughput = "real tokens/s" if varlen else "tokens/s" if language else "images/s"
+    columns = [
+        "variant", "median ms", "p90 ms", "speedup vs eager", f"first {total} steps wall s", "compile s",
+        "graphs", "recompiles", "graph breaks", throughput, "MFU",
+    ]
+    if varlen:
+        columns += ["recompiles after epoch 1", "padding waste"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for record in result.get("records", []):
+        if record.get("status") != "ok":
+            cells = [record["variant"], f"{record.get('status')}: {record.get('reason') or record.get('error', '')}"]
+            cells += [""] * (len(columns) - len(cells))
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            continue
+        rate = record.get("tokens_per_s") if language else record.get("samples_per_s")
+        cells = [
+            record["variant"],
+            _number(record.get("median_ms"), ".2f"),
+            _number(record.get("p90_ms"), ".2f"),
+            _number(record.get("speedup_vs_eager"), ".3f", "×"),
+            _number(record.get("wall_first_steps_s"), ".1f"),
+            _number(record.get("compile_s"), ".1f"),
+            _number(record.get("graphs"), "d"),
+            _number(record.get("recompiles"), "d"),
+            _number(record.get("graph_breaks"), "d"),
+            _number(rate, ",.0f"),
+            _percent(record.get("mfu")),
+        ]
+        if varlen:
+            cells += [_number(record.get("recompiles_after_first_epoch"), "d"), _percent(record.get("padding_waste"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def render_notes(result: dict[str, Any]) -> str:
+    """What the callback decided, and the reasons dynamo gave for recompiles and graph breaks."""
+    notes = []
+    for record in result.get("records", []):
+        callback = record.get("callback")
+        if callback:
+            notes.append(f"- `{record['variant']}` decisions:")
+            for decision in callback.get("decisions", []):
+                kept = "kept" if decision.get("kept") else "reverted"
+                notes.append(
+                    f"  - {decision.get('region')} ({decision.get('mode')}): {kept}, {decision.get('reason')}"
+                )
+            if not callback.get("decisions"):
+                notes.append("  - none")
+            plan = callback.get("plan") or {}
+            if plan.get("frozen") is False:
+                notes.append("  - the plan was still changing at the end: the steady window may hold trial steps")
+            for note in plan.get("notes", []):
+                notes.append(f"  - note: {note}")
+        for key, label in (("recompile_reasons", "recompiles"), ("graph_break_reasons", "graph breaks")):
+            for item in record.get(key) or []:
+                notes.append(f"- `{record['variant']}` {label}: {item['count']} × {_cell(item['reason'])}")
+    return "\n".join(notes)
+
+
+def render_result(result: dict[str, Any]) -> str:
+    """The Markdown written next to a result's JSON: how it was made, the table, and the notes."""
+    settings = result.get("settings", {})
+    lines = [
+        f"### {result['workload']}{' (smoke)' if result.get('smoke') else ''}"
+        f"{'' if result.get('complete', True) else ' (incomplete: the run stopped before its last variant)'}",
+        "",
+        f"`{result.get('command', 'python -m benchmarks')}`",
+        "",
+        f"{result.get('description', '')}. {result.get('device')}, torch {result.get('torch')}, "
+        f"lightning {result.get('lightning')}, {settings.get('precision')}, {result.get('date')}. "
+        f"Every variant ran {settings.get('total_steps')} steps; median and p90 over the last "
+        f"{settings.get('measured_steps')}; the Trainer planned for {settings.get('planned_steps')} steps.",
+        "",
+        render_table(result),
+    ]
+    notes = render_notes(result)
+    if notes:
+        lines += ["", notes]
+    return "\n".join(lines) + "\n"
+
+
+# -- targets -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    workload: str
+    target: str
+    measured: str
+    verdict: str
+
+
+def _is_measurement(result: dict[str, Any]) -> str | None:
+    """Why a result cannot be held to the SPEC's H200 targets, or None."""
+    if result.get("smoke"):
+        return "n/a (smoke run)"
+    if not result.get("gpu"):
+        return "n/a (not on a GPU)"
+    return None
+
+
+def _ok(records: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    record = records.get(name)
+    return record if record is not None and record.get("status") == "ok" else None
+
+
+def _verdict(passed: bool | None) -> str:
+    return NOT_MEASURED if passed is None else MET if passed else NOT_MET
+
+
+SPEEDUP_TARGETS = {"gpt2": (1.31, 1.35), "resnet50": (1.24, 1.28), "resnet18_cifar": (3.4, 3.6)}
+GPT_AIM_COMPILE_S = 15.0
+GPT_MFU = 0.45
+VARLEN_PADDING_WASTE = 0.15
+
+
+def evaluate_targets(result: dict[str, Any]) -> list[Verdict]:
+    """The SPEC's targets for ``CompileCallback()`` that this workload's result can answer."""
+    workload = result["workload"]
+    records = records_by_variant(result)
+    callback = _ok(records, "callback")
+    invalid = _is_measurement(result)
+    verdicts: list[Verdict] = []
+
+    def add(target: str, measured: str, passed: bool | None) -> None:
+        verdicts.append(Verdict(workload, target, measured, invalid or _verdict(passed)))
+
+    speedup = callback.get("speedup_vs_eager") if callback else None
+    if workload in SPEEDUP_TARGETS:
+        floor, aim = SPEEDUP_TARGETS[workload]
+        add(f"callback speedup ≥ {floor}× (best anchor)", _number(speedup, ".3f", "×"),
+            None if speedup is None else speedup >= floor)
+        compile_s = callback.get("compile_s") if callback else None
+        if workload == "gpt2":
+            add(f"aim: ≥ {aim}× with ≤ {GPT_AIM_COMPILE_S:.0f} s compiling",
+                f"{_number(speedup, '.3f', '×')}, {_number(compile_s, '.1f', ' s')}",
+                None if speedup is None or compile_s is None else speedup >= aim and compile_s <= GPT_AIM_COMPILE_S)
+            value = callback.get("mfu") if callback else None
+            add(f"MFU ≥ {GPT_MFU:.0%} (6N + attention, 989 TFLOP/s)", _percent(value),
+                None if value is None else value >= GPT_MFU)
+        else:
+            add(f"aim: ≥ {aim}×", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= aim)
+    add("callback never slower than eager", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= 1.0)
+    if workload in SPEEDUP_TARGETS:
+        verdicts.append(_wall_time_verdict(workload, records, invalid))
+    if workload.endswith("varlen"):
+        verdicts.extend(_varlen_verdicts(workload, records, invalid))
+    return verdicts
+
+
+def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invalid: str | None) -> Verdict:
+    target = f"first {SPEC_WALL_STEPS} steps wall time ≤ best anchor's"
+
+    def wall(record: dict[str, Any] | None) -> float | None:
+        return (record or {}).get("wall_s_at_step", {}).get(str(SPEC_WALL_STEPS))
+
+    callback_wall = wall(_ok(records, "callback"))
+    anchors = {name: wall(_ok(records, name)) for name in ANCHORS}
+    anchors = {name: value for name, value in anchors.items() if value is not None}
+    if callback_wall is None or not anchors:
+        return Verdict(workload, target, f"(run with --total-steps {SPEC_WALL_STEPS})", invalid or NOT_MEASURED)
+    best = min(anchors, key=anchors.__getitem__)
+    measured = f"{callback_wall:.1f} s vs {best} {anchors[best]:.1f} s"
+    return Verdict(workload, target, measured, invalid or _verdict(callback_wall <= anchors[best]))
+
+
+def _varlen_verdicts(workload: str, records: dict[str, dict[str, Any]], invalid: str | None) -> list[Verdict]:
+    verdicts = []
+    baselines = {name: (_ok(records, name) or {}).get("tokens_per_s") for name in ("eager", "whole", "whole_padmax")}
+    baselines = {name: value for name, value in baselines.items() if value}
+    for name in ("callback", "callback_pad"):
+        record = _ok(records, name)
+        if record is None:
+            status = (records.get(name) or {}).get("status", "not run")
+            verdicts.append(Verdict(workload, f"`{name}`: variable-length targets", status, invalid or NOT_MEASURED))
+            continue
+        later = record.get("recompiles_after_first_epoch")
+        verdicts.append(Verdict(workload, f"`{name}`: zero recompiles after the first epoch",
+                                f"{_number(later, 'd')} (per epoch {record.get('recompiles_per_epoch')})",
+                                invalid or _verdict(None if later is None else later == 0)))
+        waste = record.get("padding_waste")
+        verdicts.append(Verdict(workload, f"`{name}`: padding waste ≤ {VARLEN_PADDING_WASTE:.0%}", _percent(waste),
+                                invalid or _verdict(None if waste is None else waste <= VARLEN_PADDING_WASTE)))
+        rate = record.get("tokens_per_s")
+        if baselines and rate:
+            best = max(baselines, key=baselines.__getitem__)
+            verdicts.append(Verdict(workload, f"`{name}`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile",
+                                    f"{rate:,.0f} vs {best} {baselines[best]:,.0f}",
+                                    invalid or _verdict(rate >= baselines[best])))
+        else:
+            verdicts.append(Verdict(workload, f"`{name}`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile",
+                                    "–", invalid or NOT_MEASURED))
+    return verdicts
+
+
+def render_targets(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["| workload | target | measured | verdict |", "|---|---|---|---|"]
+    for result in results:
+        for verdict in evaluate_targets(result):
+            lines.append(f"| {verdict.workload} | {verdict.target} | {verdict.measured} | {verdict.verdict} |")
+    return "\n".join(lines)
+
+
+# -- BENCHMARKS.md ------------------------------------------------------------------------------------
+def newest_per_workload(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    newest: dict[str, dict[str, Any]] = {}
+    for result in results:
+        key = result["workload"] + ("-smoke" if result.get("smoke") else "")
+        if key not in newest or str(result.get("date", "")) >= str(newest[key].get("date", "")):
+            newest[key] = result
+    order = ["gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen"]
+    rank: Callable[[dict[str, Any]], tuple[int, bool]] = lambda r: (
+        order.index(r["workload"]) if r["workload"] in order else len(order), bool(r.get("smoke"))
+    )
+    return sorted(newest.values(), key=rank)
+
+
+def render_benchmarks(results: Sequence[dict[str, Any]]) -> str:
+    """BENCHMARKS.md: the targets with verdicts, then one section per workload."""
+    chosen = newest_per_workload(results)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Made by `python -m benchmarks.table benchmarks/results/*.json` from the JSON that "
+        "`python -m benchmarks --workload <name>` writes (the command of each run heads its section). "
+        "Variants run one after another in one process on the same data and initial weights; step time is "
+        "forward + backward + optimizer step (CUDA events), median and p90 over the steady-state steps; "
+        "speedups are against Lightning eager (`eager`) in the same run; `bare_eager` is a plain PyTorch "
+        "loop, to show Lightning's own cost. Compile seconds: dynamo's compile records, or the "
+        "CompileCallback's own report for the callback variants.",
+        "",
+        "## Targets (SPEC.md)",
+        "",
+        render_targets(chosen),
+        "",
+        "## Workloads",
+        "",
+    ]
+    for result in chosen:
+        lines += [render_result(result), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def load(paths: Sequence[str]) -> list[dict[str, Any]]:
+    results = []
+    for path in paths:
+        with open(path) as handle:
+            result = json.load(handle)
+        if not isinstance(result, dict) or "workload" not in result or "records" not in result:
+            raise ValueError(f"{path} is not a result of `python -m benchmarks` (no 'workload' and 'records').")
+        results.append(result)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="JSON files written by python -m benchmarks")
+    parser.add_argument("--output", help="write the Markdown here (default: print it)")
+    args = parser.parse_args(argv)
+    try:
+        text = render_benchmarks(load(args.results))
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w") as handle:
+            handle.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

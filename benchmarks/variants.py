@@ -1,0 +1,135 @@
+"""The variants a workload is run as, and how each one prepares the model before training.
+
+Every variant but ``bare_eager`` trains through the same Lightning loop, so the ratios between them
+are the compile strategy's alone; ``bare_eager`` (a plain PyTorch loop) shows Lightning's own cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+from torch import nn
+
+from compile_callback import CompileCallback
+from compile_callback import callback as callback_module
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One way of training a workload.
+
+    Attributes:
+        name: the key used on the command line and in the results.
+        description: one line for the report.
+        lightning: trained by the Lightning Trainer (else by a plain PyTorch loop).
+        compile: ``"whole"`` (``model.compile()`` on the LightningModule), ``"per_block"`` (``.compile()``
+            on each repeated block) or None.
+        mode: ``torch.compile`` mode for ``compile`` (None: default).
+        pad_to_max: batches padded to the model's context length (one shape, one graph).
+        callback: keyword arguments of ``CompileCallback`` (None: no callback).
+    """
+
+    name: str
+    description: str
+    lightning: bool = True
+    compile: str | None = None
+    mode: str | None = None
+    pad_to_max: bool = False
+    callback: dict[str, Any] | None = None
+
+
+VARIANTS = {
+    variant.name: variant
+    for variant in (
+        Variant("bare_eager", "plain PyTorch loop, eager (no Lightning)", lightning=False),
+        Variant("eager", "Lightning, eager"),
+        Variant("whole", "Lightning, model.compile() of the whole LightningModule", compile="whole"),
+        Variant(
+            "whole_ro", "Lightning, whole model, mode='reduce-overhead' (CUDA graphs)", compile="whole",
+            mode="reduce-overhead",
+        ),
+        Variant(
+            "whole_padmax", "Lightning, whole model, batches padded to the context length", compile="whole",
+            pad_to_max=True,
+        ),
+        Variant("per_block", "Lightning, .compile() of each repeated block", compile="per_block"),
+        Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
+        Variant("callback_pad", "Lightning, CompileCallback(pad='auto')", callback={"pad": "auto"}),
+    )
+}
+
+# Smoke runs use dynamo with the "eager" backend: the same capture, guards and recompiles, without
+# Inductor's code generation (minutes on a 2-core CPU).
+SMOKE_BACKEND = "eager"
+SMOKE_CALLBACK_OPTIONS = {
+    "backend": SMOKE_BACKEND, "eager_baseline_steps": 2, "warmup_steps": 1, "trial_steps": 2, "max_trials": 2,
+}
+
+
+def skip_reason(variant: Variant) -> str | None:
+    """Why ``variant`` cannot run with this version of the project, or None when it can."""
+    if variant.callback:
+        accepted = inspect.signature(CompileCallback).parameters
+        missing = [key for key in variant.callback if key not in accepted]
+        if missing:
+            return f"CompileCallback has no {', '.join(repr(k) for k in missing)} option yet"
+    return None
+
+
+def callback_options(variant: Variant, *, smoke: bool) -> dict[str, Any]:
+    options = dict(SMOKE_CALLBACK_OPTIONS) if smoke else {}
+    options.update(variant.callback or {})
+    return options
+
+
+def make_callback(variant: Variant, *, smoke: bool) -> CompileCallback:
+    return CompileCallback(**callback_options(variant, smoke=smoke))
+
+
+def compile_kwargs(variant: Variant, *, smoke: bool) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments of a ``whole`` or ``per_block`` variant."""
+    if smoke:
+        return {"backend": SMOKE_BACKEND}  # modes are Inductor's; the smoke run only checks the plumbing
+    kwargs: dict[str, Any] = {"backend": "inductor"}
+    if variant.mode:
+        kwargs["mode"] = variant.mode
+    return kwargs
+
+
+def apply_compile(variant: Variant, module: nn.Module, blocks: list[nn.Module], *, smoke: bool) -> str | None:
+    """Compiles ``module`` in place as the variant says; returns what was done, for the record."""
+    if variant.compile is None:
+        return None
+    kwargs = compile_kwargs(variant, smoke=smoke)
+    if variant.compile == "whole":
+        module.compile(**kwargs)
+        return f"model.compile({_describe(kwargs)})"
+    if variant.compile == "per_block":
+        for block in blocks:
+            block.compile(**kwargs)
+        return f"{len(blocks)} x {type(blocks[0]).__name__}.compile({_describe(kwargs)})"
+    raise ValueError(f"variant {variant.name!r}: `compile` must be 'whole', 'per_block' or None; got {variant.compile!r}.")
+
+
+def trial_budget(callback: CompileCallback) -> int:
+    """Batches the CompileCallback may spend before its plan is frozen, at most (every trial run).
+
+    Warm-up, profile, eager baseline, ``max_trials`` trials of warm-up + ``trial_steps``, the CUDA-graph
+    trial (warm-up + 2 recording calls + ``trial_steps``) and the warm-up after the last compile.
+    """
+    profile_steps = getattr(callback_module, "PROFILE_STEPS", 3)
+    trial = callback.warmup_steps + callback.trial_steps
+    return (
+        callback.warmup_steps
+        + profile_steps
+        + callback.eager_baseline_steps
+        + callback.max_trials * trial
+        + trial + 2
+        + callback.warmup_steps
+    )
+
+
+def _describe(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in kwargs.items())

@@ -1,0 +1,385 @@
+"""The four workloads of BENCHMARKING.md: model, data, loss, repeated blocks and FLOPs per token.
+
+- ``gpt2``: GPT-2 124M (the GPT recipe's model), batch 16 x 1024 random tokens, vocabulary 50304.
+- ``resnet50``: torchvision ResNet-50, batch 128, 224x224, 1000 classes, channels_last.
+- ``resnet18_cifar``: torchvision ResNet-18, batch 256, 32x32, 10 classes, channels_last (launch-bound).
+- ``gpt2_varlen``: GPT-2 124M on batches of 16 sequences whose length cycles over 12 lengths
+  between 128 and 1000; an epoch is that cycle repeated, so every epoch sees the same shapes.
+
+``smoke=True`` shrinks each to a size a 2-core CPU runs in seconds (same code paths, tiny shapes).
+The fixed-shape workloads draw from a small pool of batches made once on the device, so the data is
+never the bottleneck; the variable-length one is a real ``DataLoader`` over samples with a collate
+function (pinned memory on CUDA), so a callback can pad its batches the way it would a user's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from benchmarks.measure import TokenCount
+
+IGNORE_INDEX = -100  # label of a padded position (cross_entropy's ignore_index in the GPT recipe)
+PAD_ID = 0
+POOL_BATCHES = 4  # distinct pre-made batches; cycling them keeps the data on the device and free
+VARLEN_LENGTHS = 12
+
+FIXED_VARIANTS = ("bare_eager", "eager", "whole", "per_block", "callback")
+VARIANTS = {
+    "gpt2": FIXED_VARIANTS,
+    "resnet50": FIXED_VARIANTS,
+    # CUDA graphs are what pays on this launch-bound step (SPEC anchor: reduce-overhead 3.57x).
+    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),
+    "gpt2_varlen": ("bare_eager", "eager", "whole", "whole_padmax", "per_block", "callback", "callback_pad"),
+}
+WORKLOADS = tuple(VARIANTS)
+
+
+@dataclasses.dataclass
+class Workload:
+    """What a variant needs to train one workload; built by :func:`make_workload`.
+
+    Attributes:
+        name: one of :data:`WORKLOADS`.
+        description: the shape, for the report.
+        variants: the variants run by default, in order.
+        build_module: a fresh LightningModule (random init; the runner loads the shared weights).
+        train_loader: ``(steps, pad_to_max) -> DataLoader`` yielding at least ``steps`` batches.
+        loss: the loss of one batch, for the plain PyTorch loop (no Lightning).
+        blocks: the repeated blocks of a module, compiled one by one by the ``per_block`` variant.
+        optimizer: the optimizer ``configure_optimizers`` makes, built without a Trainer (plain loop).
+        batch_size: samples per batch.
+        count_tokens: ``batch -> (real tokens, all tokens)`` for language models, else None.
+        flops_per_token: training FLOPs per token for MFU (fixed-shape GPT only), else None.
+        cycle_length: batches in one cycle of shapes (variable lengths), else None.
+    """
+
+    name: str
+    description: str
+    variants: tuple[str, ...]
+    build_module: Callable[[], L.LightningModule]
+    train_loader: Callable[..., DataLoader]
+    loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+    blocks: Callable[[nn.Module], list[nn.Module]]
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    batch_size: int
+    count_tokens: Callable[[dict[str, torch.Tensor]], TokenCount] | None = None
+    flops_per_token: float | None = None
+    cycle_length: int | None = None
+
+
+# -- data ----------------------------------------------------------------------------------------
+class BatchPool(Dataset):
+    """``length`` batches cycling over a few pre-made ones (use with ``DataLoader(batch_size=None)``)."""
+
+    def __init__(self, batches: Sequence[dict[str, torch.Tensor]], length: int) -> None:
+        self.batches = list(batches)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.batches[index % len(self.batches)]
+
+
+def pool_loader(batches: Sequence[dict[str, torch.Tensor]], steps: int) -> DataLoader:
+    return DataLoader(BatchPool(batches, steps), batch_size=None, shuffle=False, num_workers=0)
+
+
+class TokenSequences(Dataset):
+    """Random-token sequences whose lengths are given per sample; labels are the next tokens."""
+
+    def __init__(self, lengths: Sequence[int], *, vocab_size: int, seed: int) -> None:
+        self.lengths = list(lengths)
+        self.starts = [0]
+        for length in self.lengths[:-1]:
+            self.starts.append(self.starts[-1] + length + 1)
+        total = self.starts[-1] + self.lengths[-1] + 1
+        generator = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(vocab_size, (total,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start, length = self.starts[index], self.lengths[index]
+        window = self.tokens[start : start + length + 1]
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+
+def collate_tokens(samples: Sequence[dict[str, torch.Tensor]], *, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """Stacks samples, padding on the right to the longest (or to ``pad_to``): pad id 0, label -100."""
+    longest = max(len(s["input_ids"]) for s in samples)
+    length = max(longest, pad_to or 0)
+    if length == longest and all(len(s["input_ids"]) == length for s in samples):
+        return {key: torch.stack([s[key] for s in samples]) for key in ("input_ids", "labels")}
+    input_ids = torch.full((len(samples), length), PAD_ID, dtype=torch.long)
+    labels = torch.full((len(samples), length), IGNORE_INDEX, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        size = len(sample["input_ids"])
+        input_ids[row, :size] = sample["input_ids"]
+        labels[row, :size] = sample["labels"]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def varlen_lengths(*, shortest: int, longest: int, seed: int) -> list[int]:
+    """12 lengths evenly spread over ``shortest..longest``, in a fixed shuffled order (one cycle)."""
+    lengths = torch.linspace(shortest, longest, VARLEN_LENGTHS).round().long()
+    order = torch.randperm(VARLEN_LENGTHS, generator=torch.Generator().manual_seed(seed))
+    return lengths[order].tolist()
+
+
+def varlen_loader(
+    cycle: Sequence[int], *, steps: int, batch_size: int, vocab_size: int, pad_to: int | None, seed: int, pin: bool
+) -> DataLoader:
+    """An epoch of ``steps`` batches (whole cycles): batch ``i`` holds sequences of ``cycle[i % 12]``."""
+    per_batch = [cycle[i % len(cycle)] for i in range(steps)]
+    lengths = [length for length in per_batch for _ in range(batch_size)]
+    dataset = TokenSequences(lengths, vocab_size=vocab_size, seed=seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        collate_fn=functools.partial(collate_tokens, pad_to=pad_to),
+        num_workers=0,
+        pin_memory=pin,
+    )
+
+
+# -- models --------------------------------------------------------------------------------------
+class ImageClassifier(L.LightningModule):
+    """A torchvision classifier with cross-entropy and AdamW (fused on CUDA): the convnet workloads.
+
+    Batches are dicts of ``images`` ``[B, 3, H, W]`` and ``labels`` ``[B]``.
+    """
+
+    def __init__(self, net: nn.Module, *, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.net = net
+        self.lr = lr
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return F.cross_entropy(self(batch["images"]), batch["labels"])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor.
+        fused = next(self.parameters()).device.type == "cuda"
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, fused=fused)
+
+
+def classifier_optimizer(module: nn.Module) -> torch.optim.Optimizer:
+    return module.configure_optimizers()
+
+
+def gpt_optimizer(module: nn.Module) -> torch.optim.Optimizer:
+    """What ``GPTModule.configure_optimizers`` returns for a Trainer that does not clip gradients."""
+    from recipes.optim import build_adamw
+
+    return build_adamw(module, module.optim_config)
+
+
+def classifier_loss(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return F.cross_entropy(module(batch["images"]), batch["labels"])
+
+
+def gpt_loss(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    _, loss = module(batch["input_ids"], batch["labels"])
+    return loss
+
+
+def resnet_blocks(module: nn.Module) -> list[nn.Module]:
+    """Every BasicBlock/Bottleneck of ``layer1``..``layer4``."""
+    net = module.net
+    return [block for name in ("layer1", "layer2", "layer3", "layer4") for block in getattr(net, name)]
+
+
+def gpt_blocks(module: nn.Module) -> list[nn.Module]:
+    return list(module.transformer.h)
+
+
+def gpt_flops_per_token(module: nn.Module, *, n_layer: int, n_embd: int, seq_len: int) -> float:
+    """nanoGPT's ``estimate_mfu``: 6N (N without position embeddings) + attention 12 * L * C * T."""
+    seen: set[int] = set()
+    parameters = 0
+    for parameter in module.parameters():  # the tied embedding/head weight counts once
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            parameters += parameter.numel()
+    parameters -= module.transformer.wpe.weight.numel()
+    return 6 * parameters + 12 * n_layer * n_embd * seq_len
+
+
+def count_all_tokens(batch: dict[str, torch.Tensor]) -> TokenCount:
+    tokens = batch["labels"].numel()
+    return tokens, tokens
+
+
+def count_real_tokens(batch: dict[str, torch.Tensor]) -> TokenCount:
+    # Summed on the device and read once at the end of the run: no host sync per step.
+    return (batch["labels"] != IGNORE_INDEX).sum(), batch["labels"].numel()
+
+
+# -- the four workloads -----------------------------------------------------------------------------
+def _image_batches(
+    *, batch_size: int, size: int, num_classes: int, device: torch.device, seed: int
+) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(POOL_BATCHES):
+        images = torch.randn(batch_size, 3, size, size, generator=generator)
+        labels = torch.randint(num_classes, (batch_size,), generator=generator)
+        # NHWC inputs, like the model: cuDNN's convolutions and bf16 tensor cores skip layout transposes.
+        batches.append(
+            {"images": images.to(device).contiguous(memory_format=torch.channels_last), "labels": labels.to(device)}
+        )
+    return batches
+
+
+def _resnet_workload(
+    name: str, *, arch: str, batch_size: int, size: int, num_classes: int, smoke: bool, device: torch.device, seed: int
+) -> Workload:
+    if smoke:
+        arch, batch_size, size, num_classes = "resnet18", 4, 32, 10
+
+    def build_module() -> L.LightningModule:
+        net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+        return ImageClassifier(net).to(memory_format=torch.channels_last)
+
+    batches = _image_batches(batch_size=batch_size, size=size, num_classes=num_classes, device=device, seed=seed)
+    return Workload(
+        name=name,
+        description=f"{arch}, batch {batch_size}, {size}x{size}, {num_classes} classes, channels_last",
+        variants=VARIANTS[name],
+        build_module=build_module,
+        train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
+        loss=classifier_loss,
+        blocks=resnet_blocks,
+        optimizer=classifier_optimizer,
+        batch_size=batch_size,
+    )
+
+
+def _gpt_sizes(smoke: bool) -> dict[str, Any]:
+    if smoke:
+        return dict(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256, batch_size=4)
+    return dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, batch_size=16)
+
+
+def _gpt_builder(sizes: dict[str, Any]) -> Callable[[], L.LightningModule]:
+    def build_module() -> L.LightningModule:
+        # Imported here: the recipes need omegaconf, which the convnet workloads do not.
+        from recipes.config import GPTModelConfig, OptimConfig
+        from recipes.gpt import GPTModule
+
+        config = GPTModelConfig(
+            n_layer=sizes["n_layer"],
+            n_head=sizes["n_head"],
+            n_embd=sizes["n_embd"],
+            block_size=sizes["block_size"],
+            vocab_size=sizes["vocab_size"],
+            dropout=0.0,
+        )
+        return GPTModule(config, OptimConfig())
+
+    return build_module
+
+
+def _gpt_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+    sizes = _gpt_sizes(smoke)
+    batch_size, seq_len, vocab = sizes["batch_size"], sizes["block_size"], sizes["vocab_size"]
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(POOL_BATCHES):
+        tokens = torch.randint(vocab, (batch_size, seq_len + 1), generator=generator)
+        # Contiguous, as a collate function makes them (a slice of `tokens` would have stride T + 1).
+        batches.append(
+            {"input_ids": tokens[:, :-1].contiguous().to(device), "labels": tokens[:, 1:].contiguous().to(device)}
+        )
+    build_module = _gpt_builder(sizes)
+    with torch.device("meta"):  # only the parameter count is needed: no memory, no init
+        flops = gpt_flops_per_token(build_module(), n_layer=sizes["n_layer"], n_embd=sizes["n_embd"], seq_len=seq_len)
+    return Workload(
+        name="gpt2",
+        description=(
+            f"GPT {sizes['n_layer']}x{sizes['n_embd']} (heads {sizes['n_head']}), batch {batch_size} x {seq_len} "
+            f"random tokens, vocabulary {vocab}"
+        ),
+        variants=VARIANTS["gpt2"],
+        build_module=build_module,
+        train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
+        loss=gpt_loss,
+        blocks=gpt_blocks,
+        optimizer=gpt_optimizer,
+        batch_size=batch_size,
+        count_tokens=count_all_tokens,
+        flops_per_token=flops,
+    )
+
+
+def _gpt_varlen_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+    sizes = _gpt_sizes(smoke)
+    shortest, longest = (8, 62) if smoke else (128, 1000)
+    cycle = varlen_lengths(shortest=shortest, longest=longest, seed=seed)
+
+    def train_loader(steps: int, pad_to_max: bool = False) -> DataLoader:
+        return varlen_loader(
+            cycle,
+            steps=VARLEN_LENGTHS * math.ceil(steps / VARLEN_LENGTHS),
+            batch_size=sizes["batch_size"],
+            vocab_size=sizes["vocab_size"],
+            pad_to=sizes["block_size"] if pad_to_max else None,
+            seed=seed,
+            pin=device.type == "cuda",
+        )
+
+    return Workload(
+        name="gpt2_varlen",
+        description=(
+            f"GPT {sizes['n_layer']}x{sizes['n_embd']}, batch {sizes['batch_size']} x one of {VARLEN_LENGTHS} "
+            f"lengths {shortest}..{longest} (cycle {cycle}), vocabulary {sizes['vocab_size']}"
+        ),
+        variants=VARIANTS["gpt2_varlen"],
+        build_module=_gpt_builder(sizes),
+        train_loader=train_loader,
+        loss=gpt_loss,
+        blocks=gpt_blocks,
+        optimizer=gpt_optimizer,
+        batch_size=sizes["batch_size"],
+        count_tokens=count_real_tokens,
+        cycle_length=VARLEN_LENGTHS,
+    )
+
+
+def make_workload(name: str, *, smoke: bool, device: torch.device, seed: int = 0) -> Workload:
+    """The workload ``name`` at full size, or tiny with ``smoke=True``.
+
+    Raises:
+        ValueError: an unknown workload name.
+    """
+    if name == "gpt2":
+        return _gpt_workload(smoke=smoke, device=device, seed=seed)
+    if name == "gpt2_varlen":
+        return _gpt_varlen_workload(smoke=smoke, device=device, seed=seed)
+    if name == "resnet50":
+        return _resnet_workload(
+            name, arch="resnet50", batch_size=128, size=224, num_classes=1000, smoke=smoke, device=device, seed=seed
+        )
+    if name == "resnet18_cifar":
+        return _resnet_workload(
+            name, arch="resnet18", batch_size=256, size=32, num_classes=10, smoke=smoke, device=device, seed=seed
+        )
+    raise ValueError(f"`--workload` must be one of {', '.join(WORKLOADS)}; got {name!r}.")

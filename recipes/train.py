@@ -1,0 +1,142 @@
+"""Runs a recipe: builds the data, the model, the Trainer and the CompileCallback from a config, and fits.
+
+Everything a run leaves goes under ``run_dir`` (default ``runs/<name>``): TensorBoard event files and
+the callback's ``compile_report.json`` in ``version_N/`` (one per run, so runs can be compared side by
+side in TensorBoard), and checkpoints in ``version_N/checkpoints/``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from compile_callback import CompileCallback
+from recipes.config import ConfigError, CVRecipeConfig, GPTRecipeConfig, RecipeConfig, load_config, to_dict
+from recipes.cv import CVDataModule, CVModule
+from recipes.gpt import GPTDataModule, GPTModule
+
+REPORT_FILE = "compile_report.json"
+
+
+def run(config_path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Loads ``config_path`` with ``overrides`` and trains it; see :func:`train` for what comes back.
+
+    Example:
+        >>> result = run("configs/gpt_tiny.yaml", ["trainer.max_steps=20"])
+        >>> result["report_path"]
+        'runs/gpt_tiny/version_0/compile_report.json'
+    """
+    return train(load_config(config_path, overrides))
+
+
+def build_callback(config: RecipeConfig) -> CompileCallback | None:
+    """The CompileCallback the ``callback`` section describes, or None with ``callback_enabled: false``.
+
+    Raises:
+        ConfigError: the callback refused a value; the message names the ``callback.`` key.
+    """
+    if not config.callback_enabled:
+        return None
+    try:
+        return CompileCallback(**to_dict(config)["callback"])
+    except ValueError as error:  # the callback's own check, e.g. "`mode` must be one of ..."
+        raise ConfigError(f"config section 'callback': {error}") from error
+
+
+def build_task(config: RecipeConfig) -> tuple[L.LightningDataModule, L.LightningModule]:
+    """The datamodule and the LightningModule of the config's task."""
+    if isinstance(config, GPTRecipeConfig):
+        return GPTDataModule(config.data, seed=config.seed), GPTModule(config.model, config.optim)
+    if isinstance(config, CVRecipeConfig):
+        data = CVDataModule(config.data, num_classes=config.model.num_classes, seed=config.seed)
+        return data, CVModule(config.model, config.optim)
+    raise ConfigError(f"config key 'task' must be 'gpt' or 'cv'; got {config.task!r}.")
+
+
+def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.Trainer:
+    """A Trainer that logs to TensorBoard under ``run_dir``, on whatever accelerator is there."""
+    settings = config.trainer
+    logger = TensorBoardLogger(save_dir=config.run_dir, name="", default_hp_metric=False)
+    logger.log_hyperparams(to_dict(config))
+    return L.Trainer(
+        default_root_dir=config.run_dir,
+        logger=logger,
+        callbacks=[callback] if callback is not None else [],
+        max_steps=settings.max_steps,
+        max_epochs=settings.max_epochs,
+        precision=settings.precision,
+        accelerator=settings.accelerator,
+        devices=settings.devices,
+        log_every_n_steps=settings.log_every_n_steps,
+        val_check_interval=settings.val_check_interval,
+        limit_val_batches=settings.limit_val_batches,
+        num_sanity_val_steps=settings.num_sanity_val_steps,
+        gradient_clip_val=settings.gradient_clip_val,
+        enable_checkpointing=settings.enable_checkpointing,
+        enable_progress_bar=settings.enable_progress_bar,
+    )
+
+
+def train(config: RecipeConfig) -> dict[str, Any]:
+    """Trains the recipe ``config`` describes and says where its logs and report are.
+
+    Returns:
+        ``run_dir``, ``log_dir`` (TensorBoard event files), ``report_path`` (``compile_report.json``, or
+        None without the callback), ``report`` (the callback's report dict), ``metrics`` (the last
+        logged values, e.g. ``train/loss``, ``val/loss``), ``global_step`` and ``seconds``.
+
+    Raises:
+        ConfigError: a value that only shows as wrong once things are built (e.g. a callback option).
+    """
+    # Global torch settings, from the config: "high" lets float32 matmuls use TF32 tensor cores on
+    # Ampere and later GPUs (about 10 bits of mantissa; the GPU configs train in bf16 anyway).
+    torch.set_float32_matmul_precision(config.trainer.matmul_precision)
+    L.seed_everything(config.seed, workers=True)
+    callback = build_callback(config)
+    datamodule, module = build_task(config)
+    trainer = build_trainer(config, callback)
+
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    seconds = time.perf_counter() - started
+
+    log_dir = trainer.logger.log_dir if trainer.logger is not None else config.run_dir
+    report_path = os.path.join(log_dir, REPORT_FILE)
+    result = {
+        "run_dir": config.run_dir,
+        "log_dir": log_dir,
+        "report_path": report_path if os.path.isfile(report_path) else None,
+        "report": callback.last_report if callback is not None else None,
+        "metrics": {name: float(value) for name, value in trainer.callback_metrics.items()},
+        "global_step": trainer.global_step,
+        "seconds": seconds,
+    }
+    if trainer.is_global_zero:
+        print(summary(config, result))
+    return result
+
+
+def summary(config: RecipeConfig, result: dict[str, Any]) -> str:
+    """What the run left and how to look at it, for the end of the run's output."""
+    metrics = result["metrics"]
+    losses = ", ".join(f"{name} {metrics[name]:.4f}" for name in ("train/loss", "val/loss") if name in metrics)
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    command = "tensorboard"
+    if os.path.exists(tensorboard):  # the one next to this Python, so it works without activating a venv
+        relative = os.path.relpath(tensorboard)
+        command = tensorboard if relative.startswith("..") else relative
+    headline = f"run {config.name!r}: {result['global_step']} steps in {result['seconds']:.1f} s"
+    lines = [
+        "\n" + headline + (f"; {losses}" if losses else ""),
+        f"  TensorBoard logs: {result['log_dir']}",
+        f"  compile report:   {result['report_path'] or '(none: callback disabled or report=false)'}",
+        f"  open TensorBoard: {command} --logdir {config.run_dir}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""The benchmark harness end to end in smoke mode (tiny models, dynamo's eager backend, CPU), plus its
+pure pieces. Timing claims belong to the GPU runs; these tests check that every workload runs every
+variant and writes complete, consistent records and tables."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks import table
+from benchmarks.__main__ import parse_args, select_variants
+from benchmarks.measure import StepMeter, percentile
+from benchmarks.runner import add_speedups
+from benchmarks.variants import VARIANTS as VARIANT_SPECS
+from benchmarks.variants import skip_reason
+from benchmarks.workloads import IGNORE_INDEX, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REQUIRED_KEYS = {
+    "workload", "variant", "status", "median_ms", "p90_ms", "speedup_vs_eager", "wall_first_steps_s", "compile_s",
+    "compile_s_dynamo", "graphs", "recompiles", "graph_breaks", "mfu", "peak_memory_gb", "steps_run",
+    "steps_measured", "recompiles_per_epoch", "final_loss",
+}
+COMPILED = {"whole", "whole_ro", "whole_padmax", "per_block"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """``python -m benchmarks --smoke``: every workload, one process, as CI and `make bench-smoke` run it."""
+    out = tmp_path_factory.mktemp("benchmarks")
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
+    results = {}
+    for path in glob.glob(str(out / "*.json")):
+        with open(path) as handle:
+            result = json.load(handle)
+        results[result["workload"]] = (path, result)
+    return completed, results
+
+
+def _finite_positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_every_workload_writes_json_and_markdown(smoke_run):
+    completed, results = smoke_run
+    assert sorted(results) == sorted(WORKLOADS)
+    for path, result in results.values():
+        assert os.path.isfile(path[: -len(".json")] + ".md")
+        assert os.path.basename(path).startswith(f"{result['workload']}-smoke-")
+        assert result["smoke"] is True
+        assert result["torch"] == torch.__version__
+        assert result["date"] and result["device"] and result["command"].startswith("python -m benchmarks")
+        assert "gpu" in result
+        # The table is printed too.
+        assert f"### {result['workload']} (smoke)" in completed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_records_are_complete_and_consistent(smoke_run, workload):
+    _, results = smoke_run
+    _, result = results[workload]
+    records = {record["variant"]: record for record in result["records"]}
+    assert list(records) == list(VARIANTS[workload])
+    settings = result["settings"]
+    for name, record in records.items():
+        if record["status"] == "skipped":
+            # Only a callback option this version lacks may skip a variant.
+            assert name == "callback_pad" and "pad" in record["reason"], record
+            continue
+        assert record["status"] == "ok", record
+        assert REQUIRED_KEYS <= set(record), REQUIRED_KEYS - set(record)
+        assert record["steps_run"] == settings["total_steps"]
+        assert record["steps_measured"] == settings["measured_steps"]
+        for key in ("median_ms", "p90_ms", "wall_first_steps_s", "speedup_vs_eager"):
+            assert _finite_positive(record[key]), (name, key, record[key])
+        assert record["p90_ms"] >= record["median_ms"]
+        assert math.isfinite(record["final_loss"])
+        assert record["compile_s"] >= 0 and record["recompiles"] >= 0 and record["graph_breaks"] >= 0
+        if name in COMPILED:
+            assert record["graphs"] >= 1 and record["compile_s"] > 0, name
+        if name in ("bare_eager", "eager"):
+            assert record["graphs"] == 0 and record["compile_s"] == 0, name
+        assert record["mfu"] is None and record["peak_memory_gb"] is None  # CPU: no peak FLOP/s, no CUDA memory
+        if workload.startswith("gpt"):
+            assert _finite_positive(record["tokens_per_s"])
+    assert records["eager"]["speedup_vs_eager"] == 1.0
+    callback = records["callback"]
+    assert callback["compile_s_source"] == "CompileCallback report"
+    assert isinstance(callback["callback"]["decisions"], list) and callback["callback"]["decisions"]
+    assert callback["callback_options"]["backend"] == "eager"
+
+
+@pytest.mark.slow
+def test_variable_lengths_count_epochs_and_padding(smoke_run):
+    _, results = smoke_run
+    _, result = results["gpt2_varlen"]
+    records = {record["variant"]: record for record in result["records"]}
+    epochs = result["settings"]["total_steps"] // result["settings"]["epoch_steps"]
+    assert epochs >= 2
+    for name in ("eager", "whole", "whole_padmax"):
+        record = records[name]
+        assert len(record["recompiles_per_epoch"]) == epochs
+        assert sum(record["recompiles_per_epoch"]) == record["recompiles"]
+        assert record["recompiles_after_first_epoch"] == sum(record["recompiles_per_epoch"][1:])
+    assert records["eager"]["padding_waste"] == 0.0
+    # 12 lengths 8..62 padded to the context length 64: about 45% of the tokens are padding.
+    assert 0.3 < records["whole_padmax"]["padding_waste"] < 0.6
+    assert records["whole_padmax"]["graphs"] == 1 and records["whole_padmax"]["recompiles"] == 0
+    # Every length is a new shape: dynamo recompiles at least once without padding.
+    assert records["whole"]["recompiles"] >= 1
+    assert records["whole"]["speedup_basis"] == "real tokens/s"
+
+
+@pytest.mark.slow
+def test_table_renders_benchmarks_md(smoke_run, tmp_path, capsys):
+    _, results = smoke_run
+    paths = [path for path, _ in results.values()]
+    output = tmp_path / "BENCHMARKS.md"
+    assert table.main([*paths, "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "## Targets (SPEC.md)" in text
+    for workload in WORKLOADS:
+        assert f"### {workload} (smoke)" in text
+    # A smoke run is never held to the H200 targets.
+    assert "n/a (smoke run)" in text and "**not met**" not in text
+
+
+# -- pure pieces ---------------------------------------------------------------------------------------
+def test_unknown_variant_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"--variants: whole_ro not a variant of gpt2; choose from bare_eager, eager"):
+        select_variants(VARIANTS["gpt2"], ["whole_ro"], "gpt2")
+
+
+def test_selected_variants_keep_the_workload_order_and_add_eager():
+    assert select_variants(VARIANTS["gpt2"], ["callback,whole"], "gpt2") == ["eager", "whole", "callback"]
+
+
+def test_steps_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "0"])
+    assert "--steps must be at least 1; got 0." in capsys.readouterr().err
+
+
+def test_table_refuses_a_file_that_is_not_a_result(tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"hello": 1}))
+    assert table.main([str(path)]) == 2
+    assert "is not a result of `python -m benchmarks`" in capsys.readouterr().err
+
+
+def test_callback_pad_is_skipped_exactly_when_the_option_is_missing():
+    import inspect
+
+    from compile_callback import CompileCallback
+
+    has_pad = "pad" in inspect.signature(CompileCallback).parameters
+    assert (skip_reason(VARIANT_SPECS["callback_pad"]) is None) == has_pad
+    assert skip_reason(VARIANT_SPECS["callback"]) is None
+
+
+def test_collate_pads_to_the_requested_length_with_ignored_labels():
+    samples = [{"input_ids": torch.arange(3), "labels": torch.arange(1, 4)}, {"input_ids": torch.arange(5), "labels": torch.arange(1, 6)}]
+    batch = collate_tokens(samples, pad_to=8)
+    assert batch["input_ids"].shape == (2, 8)
+    assert (batch["labels"][0, 3:] == IGNORE_INDEX).all() and (batch["labels"][1, :5] == torch.arange(1, 6)).all()
+    same = collate_tokens(samples[:1])
+    assert same["input_ids"].shape == (1, 3) and (same["labels"] != IGNORE_INDEX).all()
+
+
+def test_varlen_lengths_are_twelve_distinct_lengths_in_range():
+    lengths = varlen_lengths(shortest=128, longest=1000, seed=0)
+    assert len(set(lengths)) == 12 and min(lengths) == 128 and max(lengths) == 1000
+
+
+def test_step_meter_counts_steps_tokens_and_epochs():
+    meter = StepMeter(torch.device("cpu"), total_steps=6, measured_steps=3, epoch_steps=3,
+                      count_tokens=lambda batch: ((batch != IGNORE_INDEX).sum(), batch.numel()))
+    meter.begin()
+    done = []
+    for step in range(6):
+        meter.step_start()
+        batch = torch.tensor([1, 2, IGNORE_INDEX, IGNORE_INDEX]) if step % 2 else torch.tensor([1, 2, 3, 4])
+        done.append(meter.step_end(batch=batch, loss=torch.tensor(float(step))))
+    assert done == [False] * 5 + [True]
+    result = meter.result()
+    assert result["steps_run"] == 6 and result["steps_measured"] == 3
+    assert result["recompiles_per_epoch"] == [0, 0]
+    assert result["real_tokens"] == 18 and result["all_tokens"] == 24 and result["padding_waste"] == 0.25
+    assert result["final_loss"] == 5.0 and result["wall_first_steps_s"] > 0
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([5, 1, 4, 2, 3, 10, 6, 7, 8, 9], 0.9) == 9
+    assert percentile([1.0], 0.9) == 1.0
+
+
+def _result(workload, records, *, smoke=False, gpu="NVIDIA H200"):
+    return {"workload": workload, "smoke": smoke, "gpu": gpu, "settings": {"total_steps": 1000}, "records": records}
+
+
+def test_targets_are_judged_on_the_callback_variant():
+    records = [
+        {"variant": "eager", "status": "ok", "median_ms": 43.7},
+        {"variant": "whole", "status": "ok", "median_ms": 33.4, "wall_s_at_step": {"1000": 60.0}},
+        {"variant": "callback", "status": "ok", "median_ms": 32.0, "compile_s": 12.0, "mfu": 0.44,
+         "wall_s_at_step": {"1000": 58.0}},
+    ]
+    add_speedups(records, by_throughput=False)
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(_result("gpt2", records))}
+    assert verdicts["callback speedup ≥ 1.31× (best anchor)"] == table.MET  # 43.7 / 32.0 = 1.366
+    assert verdicts["aim: ≥ 1.35× with ≤ 15 s compiling"] == table.MET
+    assert verdicts["MFU ≥ 45% (6N + attention, 989 TFLOP/s)"] == table.NOT_MET
+    assert verdicts["callback never slower than eager"] == table.MET
+    assert verdicts["first 1000 steps wall time ≤ best anchor's"] == table.MET
+
+
+def test_targets_are_not_measured_without_a_callback_run_and_na_off_gpu():
+    records = [{"variant": "eager", "status": "ok", "median_ms": 29.7, "speedup_vs_eager": 1.0}]
+    verdicts = table.evaluate_targets(_result("resnet50", records))
+    assert {v.verdict for v in verdicts} == {table.NOT_MEASURED}
+    verdicts = table.evaluate_targets(_result("resnet50", records, gpu=None))
+    assert {v.verdict for v in verdicts} == {"n/a (not on a GPU)"}
+
+
+def test_varlen_targets():
+    records = [
+        {"variant": "eager", "status": "ok", "tokens_per_s": 100.0},
+        {"variant": "whole", "status": "ok", "tokens_per_s": 120.0},
+        {"variant": "whole_padmax", "status": "ok", "tokens_per_s": 110.0},
+        {"variant": "callback", "status": "ok", "tokens_per_s": 125.0, "recompiles_after_first_epoch": 0,
+         "recompiles_per_epoch": [3, 0, 0], "padding_waste": 0.0},
+        {"variant": "callback_pad", "status": "skipped", "reason": "CompileCallback has no 'pad' option yet"},
+    ]
+    verdicts = {v.target: (v.verdict, v.measured) for v in table.evaluate_targets(_result("gpt2_varlen", records))}
+    assert verdicts["`callback`: zero recompiles after the first epoch"][0] == table.MET
+    assert verdicts["`callback`: padding waste ≤ 15%"][0] == table.MET
+    assert verdicts["`callback`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile"] == (
+        table.MET, "125 vs whole 120")
+    assert verdicts["`callback_pad`: variable-length targets"] == (table.NOT_MEASURED, "skipped")

@@ -1,0 +1,83 @@
+"""The runner end to end: the tiny configs train a few steps through `run`, leaving TensorBoard event
+files with the callback's scalars and its compile_report.json under the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from recipes import run
+from recipes.__main__ import main
+from tests.conftest import read_scalars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# A few steps with the callback's mechanics but little compiling: backend "eager" runs dynamo's capture
+# and accounting without code generation. 1 warm-up + 2 eager steps, compile, 1 warm-up, 2 timed steps.
+QUICK = [
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=2",
+    "trainer.enable_progress_bar=false",
+    "callback.backend=eager",
+    "callback.eager_baseline_steps=2",
+    "callback.warmup_steps=1",
+    "callback.log_every_n_steps=2",
+]
+RECIPES = {
+    "gpt_tiny": ["data.max_bytes=50000", "callback.regions=[transformer.h.*]"],
+    "gpt_tiny_varlen": ["data.max_bytes=50000", "callback.regions=[transformer.h.*]"],
+    "cv_tiny": ["data.num_samples=128", "data.batch_size=8", "data.image_size=16", "callback.regions=model"],
+}
+COMPILE_TAGS = ["compile/speedup", "compile/graphs", "compile/recompiles", "compile/compile_time_s"]
+
+
+def config_path(name: str) -> str:
+    return os.path.join(ROOT, "configs", f"{name}.yaml")
+
+
+@pytest.mark.parametrize("name", ["gpt_tiny", "cv_tiny"])
+def test_tiny_config_trains_and_leaves_logs_and_report(name, tmp_path, capsys):
+    result = run(config_path(name), [f"run_dir={tmp_path}", *QUICK, *RECIPES[name]])
+
+    assert result["global_step"] == 6
+    assert result["log_dir"] == os.path.join(str(tmp_path), "version_0")
+    scalars = read_scalars(result["log_dir"])
+    missing = [tag for tag in COMPILE_TAGS + ["train/loss", "val/loss"] if tag not in scalars]
+    assert not missing, f"missing {missing}; have {sorted(scalars)}"
+    assert scalars["compile/graphs"][-1][1] >= 1
+
+    assert result["report_path"] == os.path.join(result["log_dir"], "compile_report.json")
+    with open(result["report_path"]) as handle:
+        report = json.load(handle)
+    assert report["summary"]["batches"] == 6
+    assert os.listdir(os.path.join(result["log_dir"], "checkpoints")), "a checkpoint (with the callback's state)"
+
+    printed = capsys.readouterr().out
+    assert f"TensorBoard logs: {result['log_dir']}" in printed
+    assert f"--logdir {tmp_path}" in printed
+
+
+def test_gpt_varlen_run_logs_perplexity_and_sees_the_length_change(tmp_path):
+    result = run(config_path("gpt_tiny_varlen"), [f"run_dir={tmp_path}", *QUICK, *RECIPES["gpt_tiny_varlen"]])
+    scalars = read_scalars(result["log_dir"])
+    missing = [tag for tag in COMPILE_TAGS + ["val/perplexity"] if tag not in scalars]
+    assert not missing, f"missing {missing}; have {sorted(scalars)}"
+    # The sequence length changes from batch to batch, and dynamo's guards notice.
+    causes = [cause["reason"] for cause in result["report"]["recompile_causes"]]
+    assert any("size" in cause for cause in causes), causes
+
+
+def test_command_line_runs_without_the_callback_as_plain_eager(tmp_path, capsys):
+    overrides = [f"run_dir={tmp_path}", "callback_enabled=false", *QUICK, *RECIPES["gpt_tiny"]]
+    assert main([config_path("gpt_tiny"), *overrides]) == 0
+    printed = capsys.readouterr().out
+    assert "compile report:   (none: callback disabled" in printed
+    scalars = read_scalars(os.path.join(tmp_path, "version_0"))
+    assert "train/loss" in scalars
+    assert not [tag for tag in scalars if tag.startswith("compile/")]
+    assert not os.path.exists(os.path.join(tmp_path, "version_0", "compile_report.json"))
