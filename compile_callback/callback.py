@@ -616,6 +616,14 @@ class CompileCallback(Callback):
 
     def _suggestions(self, regions: dict[str, Any]) -> list[str]:
         suggestions = []
+        assert self.planner is not None
+        for region in self.planner.regions:
+            if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
+                suggestions.append(
+                    f"`{region.name}` is compiled but dynamo made no graph for it, so it runs eager "
+                    f"(torch {torch.__version__} may skip torch.nn's own modules compiled on their own); "
+                    f"compile the module that contains it instead."
+                )
         for name, stats in regions.items():
             if stats["eager_fallback"]:
                 suggestions.append(

@@ -9,6 +9,7 @@ lives in ``regions``, ``timing`` and ``verify``; the decisions live here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -233,19 +234,24 @@ class AutoPlanner:
         current_ms = self.eager_ms
         trials = 0
         plan = self._order(self._candidates(candidates))
+        if self.launch_bound and self.options.mode is None and plan and plan[0].name == MODEL:
+            # A launch-bound step gains most from CUDA graphs, which need the whole step in few graphs:
+            # try the whole model with reduce-overhead first, then everything else as usual.
+            plan.insert(0, dataclasses.replace(plan[0], mode="reduce-overhead"))
         for index, candidate in enumerate(plan):
             if trials >= self.max_trials:
                 self.notes.append(f"stopped after max_trials={self.max_trials}")
                 break
-            if candidate.name != MODEL and any(d.kept and d.region == MODEL for d in self.decisions):
-                break  # the whole model is compiled: its parts are inside it
+            if any(d.kept and d.region == MODEL for d in self.decisions):
+                break  # the whole model is compiled: its parts (and other modes of it) are not tried
             if not self._worth_trying(candidate, current_ms):
                 continue
             trials += 1
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
             if kept_ms is not None:
                 current_ms = kept_ms
-        if self.regions and self.launch_bound and self.options.mode is None:
+        tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
+        if self.regions and self.launch_bound and self.options.mode is None and not tried_graphs:
             trials += 1
             yield from self._mode_trial(current_ms)
         elif self.options.mode is None and self.device.type != "cuda":
@@ -274,8 +280,7 @@ class AutoPlanner:
             yield label
         trial_ms = self.timer.median_ms(label, wait=True)
         speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
-        noise = summarize(self.timer.samples_ms(label)).get("relative_noise", 0.0)
-        threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
+        threshold = max(self.min_speedup, 1.0 + 2.0 * median_noise(self.timer.samples_ms(label)))
         keep = bool(self.agree(speedup is not None and speedup >= threshold))
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
         if keep:
@@ -481,6 +486,14 @@ class AutoPlanner:
             yield WARMUP
         while True:
             yield COMPILED
+
+
+def median_noise(samples: list[float]) -> float:
+    """Relative standard error of a median: 1.2533 * sigma / sqrt(n), sigma from the MAD (robust)."""
+    stats = summarize(samples)
+    if not stats:
+        return 0.0
+    return 1.2533 * stats["relative_noise"] / math.sqrt(stats["n"])
 
 
 def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, context: Callable[[], Any]) -> VerificationResult:

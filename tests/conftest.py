@@ -39,6 +39,18 @@ class Block(nn.Module):
         return torch.relu(self.linear(x)) + x
 
 
+class Head(nn.Module):
+    """A classifier head of our own. (A bare nn.Linear is not enough: some torch versions, 2.11 among
+    them, do not trace torch.nn's own modules when compiled on their own, so no graph is made.)"""
+
+    def __init__(self, width: int, classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
 class BreakingBlock(Block):
     """A data-dependent Python branch: dynamo must break the graph here."""
 
@@ -54,9 +66,9 @@ class TinyModel(L.LightningModule):
 
     def __init__(self, width: int = 16, depth: int = 3, classes: int = 4, block: type[nn.Module] = Block) -> None:
         super().__init__()
-        self.embed = nn.Linear(8, width)
+        self.embed = Head(8, width)
         self.blocks = nn.ModuleList([block(width) for _ in range(depth)])
-        self.head = nn.Linear(width, classes)
+        self.head = Head(width, classes)
         self.batches_seen = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,16 +27,25 @@ def test_step_timer_reads_events_lazily():
     assert len(samples) == 5 and all(s > 0 for s in samples)
 
 
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) + x
+
+
 class ManySmallOps(L.LightningModule):
     """A launch-bound step: many tiny kernels, where CUDA graphs pay off."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(32, 32) for _ in range(24)])
+        self.layers = nn.ModuleList([Residual() for _ in range(24)])
 
     def forward(self, x):
         for layer in self.layers:
-            x = torch.relu(layer(x)) + x
+            x = layer(x)
         return x
 
     def training_step(self, batch, batch_idx):

@@ -45,7 +45,7 @@ class RecordPlan(Callback):
             # region, kept, and the kind of reason ("numerics differ from eager", "not faster", ...)
             "decisions": [(d.region, d.kept, reason_kind(d.reason)) for d in compile_callback.planner.decisions],
             "compiled": sorted(n for n, m in pl_module.named_modules() if torch_internals.is_module_compiled(m)),
-            "head_weight_sum": float(pl_module.head.weight.sum()),
+            "head_weight_sum": float(pl_module.head.linear.weight.sum()),
         }
         with open(f"{self.directory}/rank{trainer.global_rank}.json", "w") as handle:
             json.dump(record, handle)

@@ -55,7 +55,7 @@ def test_shape_change_recompile_has_readable_guard():
     model(torch.randn(6, 8))
     watch.collect()
     assert watch.stats["head"].recompiles == 1
-    assert watch.recompiles[0].reason == "`args[0].size(0)` changed 4 → 6"
+    assert watch.recompiles[0].reason == "`x.size(0)` changed 4 → 6"
 
 
 def test_user_compiled_code_is_named_by_its_module():
