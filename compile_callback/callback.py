@@ -23,6 +23,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from compile_callback import telemetry
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
 from compile_callback.collate import padding_stats
+from compile_callback import torch_internals
+from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
 from compile_callback.padding import (
     PAD_STRATEGIES,
     PaddingNotApplied,
@@ -93,6 +95,9 @@ class CompileCallback(Callback):
         pad_max_buckets: the graph budget of ``pad="auto"``.
         pad_multiple: padded sizes are multiples of this.
         pad_short_batch: ``"keep"`` the short last batch or ``"pad"`` it with masked samples.
+        cache_dir: warm restarts: the auto plan is saved here as JSON (keyed by the model's structure,
+            torch version, device and these options) and Inductor's compile caches are kept here; a
+            second identical run applies the plan without profiling or trials and hits the caches.
         log_every_n_steps: how often the ``compile/*`` scalars are logged; ``None`` follows the
             Trainer's ``log_every_n_steps``.
         report: print the report table at the end of fit and write ``compile_report.json``.
@@ -126,6 +131,7 @@ class CompileCallback(Callback):
         pad_max_buckets: int = 4,
         pad_multiple: int = 64,
         pad_short_batch: str = "keep",
+        cache_dir: str | None = None,
         log_every_n_steps: int | None = None,
         report: bool = True,
     ) -> None:
@@ -188,6 +194,8 @@ class CompileCallback(Callback):
         _check_int("pad_multiple", pad_multiple, 1)
         if pad_short_batch not in SHORT_BATCH_MODES:
             raise ValueError(f"`pad_short_batch` must be 'keep' or 'pad'; got {pad_short_batch!r}.")
+        if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+            raise ValueError(f"`cache_dir` must be a directory path or None; got {cache_dir!r}.")
         if regions == AUTO and eager_baseline_steps < 2:
             raise ValueError(
                 f"`eager_baseline_steps` must be >= 2 with regions='auto' (trials are measured against "
@@ -214,8 +222,12 @@ class CompileCallback(Callback):
         self.pad_max_buckets = pad_max_buckets
         self.pad_multiple = pad_multiple
         self.pad_short_batch = pad_short_batch
+        self.cache_dir = cache_dir
         self.log_every_n_steps = log_every_n_steps
         self.report = report
+        self._previous_inductor_cache: str | None = None
+        self._plan_file: str | None = None
+        self._plan_key: dict[str, Any] | None = None
         self.padding: PaddingPlan | None = None
         self.churn: ChurnPolicy | None = None
         self._recompiles_seen = 0
@@ -248,6 +260,12 @@ class CompileCallback(Callback):
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
         if self.pad is not None and stage == "fit":
             self._pad_at_the_source(trainer, pl_module)
+        if self.cache_dir is not None and stage == "fit":
+            try:
+                os.makedirs(os.path.join(self.cache_dir, "inductor"), exist_ok=True)
+            except OSError as error:
+                raise ValueError(f"`cache_dir` {self.cache_dir!r} cannot be created: {error}. Give a writable directory.") from error
+            self._previous_inductor_cache = torch_internals.use_inductor_cache_dir(os.path.join(self.cache_dir, "inductor"))
 
     # -- padding -----------------------------------------------------------------------------------
     def _padding_plan(self) -> PaddingPlan:
@@ -355,6 +373,8 @@ class CompileCallback(Callback):
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
+        elif self.cache_dir is not None and self.regions == AUTO:
+            self._load_cached_plan(pl_module)
         self.churn = ChurnPolicy(
             self.on_recompile,
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
@@ -363,6 +383,32 @@ class CompileCallback(Callback):
         self.watch.start()
         telemetry.log_layout(trainer.loggers)
         self.planner.before_fit()
+
+    def _cache_options(self) -> dict[str, Any]:
+        return {
+            "regions": self.regions, "backend": self.backend, "mode": self.mode, "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
+        }
+
+    def _load_cached_plan(self, pl_module: LightningModule) -> None:
+        assert self.planner is not None and self.cache_dir is not None
+        self._plan_key = plan_key(pl_module, device=pl_module.device, options=self._cache_options())
+        self._plan_file = plan_path(self.cache_dir, self._plan_key)
+        try:
+            state = load_plan(self._plan_file, self._plan_key)
+        except PlanCacheError as error:
+            rank_zero_warn(f"CompileCallback ignores its cached plan and plans again: {error}.")
+            self._notes.append(f"cached plan ignored: {error}")
+            return
+        if state is not None:
+            self.planner.load_state_dict(state)
+            self._notes.append(f"plan loaded from {self._plan_file}: no profiling, no trials")
+
+    def _save_cached_plan(self, trainer: Trainer) -> None:
+        if self.cache_dir is None or self._plan_file is None or self._plan_key is None or not trainer.is_global_zero:
+            return
+        if isinstance(self.planner, AutoPlanner) and self.planner.frozen:
+            save_plan(self._plan_file, self._plan_key, self.planner.state_dict())
 
     def _remaining_batches(self, trainer: Trainer) -> int:
         total = trainer.estimated_stepping_batches
@@ -431,6 +477,8 @@ class CompileCallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.watch is not None:
             self.watch.stop()
+        if self.cache_dir is not None and stage == "fit":
+            torch_internals.restore_inductor_cache_dir(self._previous_inductor_cache)
 
     def state_dict(self) -> dict[str, Any]:
         if self.planner is None or self.watch is None:
@@ -514,7 +562,8 @@ class CompileCallback(Callback):
         """The ``compile/*`` scalars now: speedup and step times (medians), and dynamo's accounting."""
         assert self.watch is not None and self.timer is not None and self.planner is not None
         totals = self.watch.totals()
-        eager_ms = self.timer.median_ms(EAGER)
+        # A plan applied from a checkpoint or the plan cache measured its eager baseline in the run that made it.
+        eager_ms = self.timer.median_ms(EAGER) or getattr(self.planner, "eager_ms", None)
         compiled_ms = self.timer.median_ms(COMPILED, last=100)
         kept = sum(1 for d in self.planner.decisions if d.kept)
         values: dict[str, float | None] = {
@@ -640,6 +689,7 @@ class CompileCallback(Callback):
     def _finish(self, trainer: Trainer, *, final: bool) -> None:
         if self.watch is None or self.planner is None:
             return
+        self._save_cached_plan(trainer)
         report = self.build_report()
         self._last_report = report
         telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)

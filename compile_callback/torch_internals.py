@@ -260,3 +260,27 @@ def eager_for_now(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         module._compiled_call_impl = compiled
+
+
+def use_inductor_cache_dir(directory: str) -> str | None:
+    """Points Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels) at ``directory``.
+
+    Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` each time it looks for a cache entry, so setting it
+    before the first compile of a run moves its caches; it is process-wide, hence the previous value is
+    returned for the caller to restore. Entries there are loaded the way Inductor loads its own default
+    cache (they contain compiled code): use a directory only this user can write.
+    """
+    import os
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    return previous
+
+
+def restore_inductor_cache_dir(previous: str | None) -> None:
+    import os
+
+    if previous is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous

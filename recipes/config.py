@@ -153,6 +153,7 @@ class CallbackConfig:
     pad_max_buckets: int = 4
     pad_multiple: int = 64
     pad_short_batch: str = "keep"  # "keep" or "pad"
+    cache_dir: Optional[str] = None  # warm restarts: plan (JSON) and Inductor caches kept here
     log_every_n_steps: Optional[int] = None
     report: bool = True
 

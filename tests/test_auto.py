@@ -206,3 +206,31 @@ def test_resume_applies_the_saved_plan_without_new_trials(tmp_path):
     planned = {"" if name == "model" else name for region in second.planner.regions for name in region.module_names}
     assert compiled == planned
     assert second.last_report["summary"]["batches"] == 4 * 12
+
+
+@pytest.mark.slow
+def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
+    def run(path):
+        torch._dynamo.reset()
+        callback = auto(backend="inductor", cache_dir=str(tmp_path / "cache"), eager_baseline_steps=4, max_trials=1)
+        trainer = make_trainer(path, [callback], max_epochs=3)
+        trainer.fit(Elementwise(), loader(batch_size=8))
+        return callback.last_report
+
+    cold = run(tmp_path / "cold")
+    warm = run(tmp_path / "warm")
+    assert warm["decisions"] == cold["decisions"]
+    assert any(note.startswith("plan loaded from") for note in warm["plan"]["notes"])
+    assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
+
+
+def test_corrupt_plan_cache_is_ignored_with_a_warning_and_rebuilt(tmp_path):
+    first = auto(backend="eager", cache_dir=str(tmp_path / "cache"), max_trials=1)
+    make_trainer(tmp_path / "a", [first], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
+    (plan_file,) = (tmp_path / "cache").glob("compile_plan-*.json")
+    plan_file.write_text("{not json")
+    second = auto(backend="eager", cache_dir=str(tmp_path / "cache"), max_trials=1)
+    with pytest.warns(UserWarning, match=r"ignores its cached plan and plans again: .* is not readable JSON"):
+        make_trainer(tmp_path / "b", [second], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
+    assert second.planner.profiler is not None  # it profiled and tried again
+    assert '"planner"' in plan_file.read_text()  # and wrote a good plan back
