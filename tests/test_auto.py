@@ -221,6 +221,7 @@ def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
     warm = run(tmp_path / "warm")
     assert warm["decisions"] == cold["decisions"]
     assert any(note.startswith("plan loaded from") for note in warm["plan"]["notes"])
+    assert warm["anatomy"]["cache_hit_rate"] > 0 and not cold["anatomy"]["cache_hit_rate"], (cold["anatomy"], warm["anatomy"])
     assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
 
 
