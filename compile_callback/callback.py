@@ -465,7 +465,15 @@ class CompileCallback(Callback):
         self.watch.collect()
         metrics = self.metrics()
         metrics[telemetry.RECOMPILES_EPOCH] = float(self.watch.recompiles_in("train", trainer.current_epoch))
+        for name, stats in self.watch.stats.items():
+            # Per region, once an epoch: enough to see which region churns without flooding the tag list.
+            tag = telemetry.region_tag(name)
+            metrics[f"compile/region/{tag}/graphs"] = stats.graphs
+            metrics[f"compile/region/{tag}/recompiles"] = stats.recompiles
+            metrics[f"compile/region/{tag}/compile_time_s"] = stats.compile_seconds
         telemetry.log_scalars(trainer.loggers, metrics, step=trainer.global_step)
+        if self.report and telemetry.tensorboard_writers(trainer.loggers):
+            telemetry.log_report_text(trainer.loggers, render_markdown(self.build_report()), step=trainer.global_step)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish(trainer, final=True)

@@ -7,6 +7,7 @@ the custom-scalars layout and the Markdown report go only to TensorBoard loggers
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -34,6 +35,11 @@ ANATOMY_INDUCTOR_S = "compile/anatomy/inductor_s"
 ANATOMY_CACHE_HIT_RATE = "compile/anatomy/cache_hit_rate"
 ANATOMY_BREAK_EVEN_STEPS = "compile/anatomy/break_even_steps"
 ANATOMY_VERIFICATION_PASS_RATE = "compile/anatomy/verification_pass_rate"
+
+
+def region_tag(name: str) -> str:
+    """A region name as a tag component: "transformer.h.*" -> "transformer.h.N", other odd characters -> "_"."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name.replace("*", "N"))
 
 
 def log_scalars(loggers: Iterable[Logger], metrics: Mapping[str, float | None], step: int) -> None:

@@ -40,6 +40,8 @@ def classify_guard_failure(reason: str) -> tuple[str, str]:
     if match:
         name, kind, index, expected, actual = match.groups()
         return SHAPE, f"`{name}.{kind}({index})` changed {expected} → {actual}"
+    if text.startswith("GLOBAL_STATE changed: grad_mode"):
+        return OTHER, "grad mode changed (validation and inference run under no_grad): one more graph"
     match = _VALUE_GUARD.match(text)
     if match:
         where = f", read at {match.group('where')}" if match.group("where") else ""

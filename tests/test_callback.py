@@ -49,7 +49,9 @@ def test_tensorboard_has_contract_tags_and_json_matches(tmp_path):
     assert summary["graph_breaks"] > 0
     assert report["graph_break_reasons"][0]["region"] == "blocks.*"
     texts = read_text(log_dir, "compile/report")
-    assert texts and "### Decisions" in texts[-1] and "blocks.*" in texts[-1]
+    assert len(texts) == 3  # updated at the end of each of the 2 epochs, and at the end of fit
+    assert "### Decisions" in texts[-1] and "blocks.*" in texts[-1]
+    assert scalars["compile/region/blocks.N/graphs"][-1][1] == report["regions"]["blocks.*"]["graphs"]
 
 
 def test_counts_equal_dynamos_own_in_a_real_fit(tmp_path):
