@@ -19,7 +19,7 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.profile import RegionProfiler, repeated_block_groups
-from compile_callback.regions import MODEL, CompileOptions, Region, compile_region, revert_region
+from compile_callback.regions import MODEL, CompileOptions, Region, compile_region, guard_region, revert_region
 from compile_callback.report import Decision
 from compile_callback.timing import summarize
 from compile_callback.verify import VerificationResult, cuda_devices, verify_module
@@ -53,9 +53,12 @@ class FixedPlanner:
     def frozen(self) -> bool:
         return self.applied
 
+    def _failed(self, region: Region, error: BaseException) -> None:
+        mark_failed(self.decisions, region, error)
+
     def apply(self, batch_index: int) -> None:
         for region in self.regions:
-            compile_region(region, self.options)
+            compile_region(region, self.options, on_error=self._failed)
             self.decisions.append(
                 Decision(
                     region=region.name,
@@ -72,7 +75,8 @@ class FixedPlanner:
     def before_fit(self) -> None:
         if self.applied:  # resumed from a checkpoint: apply the saved plan at once, no new baseline
             for region in self.regions:
-                compile_region(region, self.options)
+                if any(d.region == region.name and d.kept for d in self.decisions):
+                    compile_region(region, self.options, on_error=self._failed)
             self._settle_until = self.warmup_steps
         elif self.baseline_steps == 0:
             self.apply(0)
@@ -101,6 +105,15 @@ class FixedPlanner:
         if state.get("applied"):
             self.decisions = [Decision.from_dict(d) for d in state.get("decisions", [])]
             self.applied = True
+
+
+def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
+    """Records that a kept region failed at run time and now runs eager."""
+    text = torch_internals.describe_error(error)[:300]
+    for decision in decisions:
+        if decision.region == region.name and decision.kept:
+            decision.kept = False
+            decision.reason = f"failed at run time, reverted to eager and the call rerun eagerly: {text}"
 
 
 PROFILE = "profile"
@@ -192,6 +205,7 @@ class AutoPlanner:
         self._script = self._run()
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
+        self._last_failure = ""
 
     # -- the interface the callback drives --------------------------------------------------------
     def before_fit(self) -> None:
@@ -211,6 +225,12 @@ class AutoPlanner:
         for region in self.regions:
             revert_region(region)
         self.regions = []
+
+    def _failed(self, region: Region, error: BaseException) -> None:
+        self._last_failure = torch_internals.describe_error(error)[:300]
+        if region in self.regions:
+            self.regions.remove(region)
+        mark_failed(self.decisions, region, error)
 
     # -- the script ----------------------------------------------------------------------------------
     def _run(self) -> Iterator[str | None]:
@@ -269,7 +289,10 @@ class AutoPlanner:
         compile_region(candidate.region, options)
         compile_before = self._compile_seconds(candidate.region.name)
         verdict = self._verify(candidate.region)
-        if not verdict.passed:
+        if verdict.passed:
+            # Guarded only after verification, which must see a failing compile as a failure.
+            guard_region(candidate.region, self._failed)
+        else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
                          max_rel_error=verdict.max_rel_error if verdict.error is None else None)
@@ -278,6 +301,10 @@ class AutoPlanner:
             yield WARMUP
         for _ in range(self.trial_steps):
             yield label
+        if not candidate.region.is_compiled:  # its guard reverted it during the trial
+            self._decide(candidate, options, kept=False,
+                         reason=f"failed at run time during its trial, reverted to eager: {self._last_failure}")
+            return None
         trial_ms = self.timer.median_ms(label, wait=True)
         speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
         threshold = max(self.min_speedup, 1.0 + 2.0 * median_noise(self.timer.samples_ms(label)))
@@ -476,7 +503,7 @@ class AutoPlanner:
             modules = [self.root if n in ("", MODEL) else named[n] for n in item["modules"]]
             region = Region(item["name"], list(item["modules"]), modules)
             self.watch.add_region(region)
-            compile_region(region, dataclasses.replace(self.options, mode=item.get("mode")))
+            compile_region(region, dataclasses.replace(self.options, mode=item.get("mode")), on_error=self._failed)
             self.regions.append(region)
         self.frozen = True
         self._script = self._frozen()

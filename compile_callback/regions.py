@@ -146,11 +146,30 @@ def _is_inside(name: str, parent: str) -> bool:
     return parent == "" or name.startswith(parent + ".")
 
 
-def compile_region(region: Region, options: CompileOptions) -> None:
-    """Compiles each module of ``region`` in place; compilation itself happens at the next call."""
+def compile_region(region: Region, options: CompileOptions, *, on_error: Any = None) -> None:
+    """Compiles each module of ``region`` in place; compilation itself happens at the next call.
+
+    Args:
+        on_error: if given, the region is guarded at once (see :func:`guard_region`).
+    """
     for module in region.modules:
         module.compile(**options.as_kwargs())
     region.compiled_with = options
+    if on_error is not None:
+        guard_region(region, on_error)
+
+
+def guard_region(region: Region, on_error: Any) -> None:
+    """From now on, an error from compiling or running ``region``'s compiled code reverts the region,
+    reruns the failing call eagerly and calls ``on_error(region, error)``: the step is not lost."""
+    for module in region.modules:
+        torch_internals.fall_back_to_eager_on_error(module, lambda _module, error: _failed(region, error, on_error))
+
+
+def _failed(region: Region, error: BaseException, on_error: Any) -> None:
+    if region.is_compiled:
+        revert_region(region)
+        on_error(region, error)
 
 
 def revert_region(region: Region) -> None:

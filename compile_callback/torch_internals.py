@@ -121,6 +121,16 @@ def first_line(text: str) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
+def describe_error(error: BaseException) -> str:
+    """One line for a report: type and first line, plus the cause when dynamo wraps it
+    ("BackendCompilerFailed: backend='x' raised:" is followed by the backend's own error)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    return f"{type(error).__name__}: {text}"
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileRecord:
     """The fields we use from one of dynamo's ``CompilationMetrics`` records."""
@@ -284,3 +294,25 @@ def restore_inductor_cache_dir(previous: str | None) -> None:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     else:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def fall_back_to_eager_on_error(module: nn.Module, on_error: Any) -> None:
+    """Wraps the callable ``nn.Module.compile`` installed so that an error it raises (a backend that
+    fails to compile, a fullgraph break, a run-time error of compiled code) reverts ``module`` to eager
+    and reruns the same call eagerly: the step goes on, no batch is lost and the optimizer steps once.
+    ``on_error(module, error)`` is told. Errors raised later, in a lazily compiled backward, are not
+    caught here (they surface in ``loss.backward()``)."""
+    compiled = compiled_call(module)
+    if compiled is None or getattr(compiled, "_compile_callback_guard", False):
+        return
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any failure of compiled code means: run eager
+            module._compiled_call_impl = None
+            on_error(module, error)
+            return module(*args, **kwargs)
+
+    guarded._compile_callback_guard = True  # type: ignore[attr-defined]
+    module._compiled_call_impl = guarded

@@ -130,7 +130,7 @@ def verify_module(
                 compiled_out, compiled_grads = _run(module, args, kwargs)
         except Exception as error:  # a backend error must revert the region, not end the run
             restore_buffers()
-            return VerificationResult(False, float("inf"), limit, "compile", f"{type(error).__name__}: {error}")
+            return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error))
         restore_buffers()
         with torch.enable_grad(), torch_internals.eager_for_now(module):
             eager_out, eager_grads = _run(module, args, kwargs)

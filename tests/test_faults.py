@@ -1,0 +1,101 @@
+"""Fault injection: a region whose compile or compiled code fails never costs the run a step."""
+
+import lightning as L
+import pytest
+import torch
+from torch._dynamo import register_backend  # the documented way to add a custom backend
+
+from compile_callback import CompileCallback, torch_internals
+from tests.conftest import TinyModel, loader, make_trainer
+
+
+def _raise_at_compile(gm, example_inputs):
+    raise RuntimeError("injected: backend failed to compile")
+
+
+def _raise_at_first_call(gm, example_inputs):
+    calls = {"n": 0}
+
+    def run(*args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected: compiled code failed on its first call")
+        return gm.forward(*args)
+
+    return run
+
+
+for _name, _fn in [("test_raise_at_compile", _raise_at_compile), ("test_raise_at_first_call", _raise_at_first_call)]:
+    try:
+        register_backend(compiler_fn=_fn, name=_name)
+    except Exception:
+        pass  # registered already in this process
+
+
+def losses(tmp_path, callbacks):
+    L.seed_everything(3)
+    model = TinyModel()
+    recorded = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            recorded.append(float(outputs["loss"]))
+
+    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=2)
+    trainer.fit(model, loader(batch_size=8, shuffle=False))
+    return recorded, model, trainer
+
+
+@pytest.mark.parametrize("backend", ["test_raise_at_compile", "test_raise_at_first_call"])
+@pytest.mark.parametrize("regions", [["blocks.*", "head"], "model"])
+def test_failing_region_reverts_and_the_run_matches_eager(tmp_path, backend, regions):
+    eager_losses, _, _ = losses(tmp_path / "eager", [])
+    callback = CompileCallback(regions, backend=backend, eager_baseline_steps=2, warmup_steps=1)
+    fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
+    assert fault_losses == pytest.approx(eager_losses, rel=1e-6)  # reverted before it affected anything
+    assert model.batches_seen == 2 * 12 and trainer.global_step == 2 * 12  # none skipped, none repeated
+    assert not any(torch_internals.is_module_compiled(m) for m in model.modules())
+    decisions = callback.last_report["decisions"]
+    assert all(not d["kept"] for d in decisions)
+    for decision in decisions:
+        assert decision["reason"].startswith("failed at run time, reverted to eager and the call rerun eagerly: ")
+        assert "injected: " in decision["reason"], decision["reason"]
+
+
+def test_fullgraph_break_reverts_instead_of_crashing(tmp_path):
+    from tests.conftest import BreakingBlock
+
+    callback = CompileCallback(["blocks.*"], backend="eager", fullgraph=True, eager_baseline_steps=2, warmup_steps=1)
+    model = TinyModel(block=BreakingBlock)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1)
+    trainer.fit(model, loader(batch_size=8))
+    assert model.batches_seen == 12
+    decision = callback.last_report["decisions"][0]
+    assert not decision["kept"] and "failed at run time" in decision["reason"]
+
+
+def test_auto_region_failing_at_run_time_after_verification_is_reverted(tmp_path):
+    """Compiled code that passes verification and then fails on a later call (here: its third)."""
+
+    def _raise_on_third_call(gm, example_inputs):
+        calls = {"n": 0}
+
+        def run(*args):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected: compiled code failed on a later call")
+            return gm.forward(*args)
+
+        return run
+
+    try:
+        register_backend(compiler_fn=_raise_on_third_call, name="test_raise_on_third_call")
+    except Exception:
+        pass
+    callback = CompileCallback(backend="test_raise_on_third_call", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1)
+    eager_losses, _, _ = losses(tmp_path / "eager", [])
+    fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
+    assert model.batches_seen == 24 and trainer.global_step == 24
+    decision = callback.last_report["decisions"][0]
+    assert not decision["kept"] and "injected: compiled code failed on a later call" in decision["reason"]
+    assert fault_losses == pytest.approx(eager_losses, rel=1e-5)
