@@ -22,6 +22,8 @@ import torchvision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, random_split
+
+from recipes.data import make_loader
 from torchvision.transforms.v2 import functional as TF
 
 from recipes.config import CVDataConfig, CVModelConfig, OptimConfig
@@ -241,17 +243,8 @@ class CVDataModule(L.LightningDataModule):
         )
 
     def _loader(self, dataset: Dataset | None, *, shuffle: bool) -> DataLoader:
-        assert dataset is not None, "call setup() first"
-        workers = self.config.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.config.batch_size,
-            shuffle=shuffle,
-            collate_fn=collate_images,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+        return make_loader(dataset, batch_size=self.config.batch_size, num_workers=self.config.num_workers,
+                           shuffle=shuffle, collate_fn=collate_images)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

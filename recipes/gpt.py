@@ -25,6 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from recipes.data import make_loader
+
 from recipes.config import IGNORE_INDEX, GPTDataConfig, GPTModelConfig, OptimConfig
 from recipes.optim import build_adamw, clips_gradients_under_mixed_precision
 
@@ -356,17 +358,8 @@ class GPTDataModule(L.LightningDataModule):
         )
 
     def _loader(self, dataset: Dataset | None, *, shuffle: bool) -> DataLoader:
-        assert dataset is not None, "call setup() first"
-        workers = self.config.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.config.batch_size,
-            shuffle=shuffle,
-            collate_fn=pad_collate,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+        return make_loader(dataset, batch_size=self.config.batch_size, num_workers=self.config.num_workers,
+                           shuffle=shuffle, collate_fn=pad_collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

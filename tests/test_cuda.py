@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_callback import CompileCallback, StepTimer, torch_internals
+from compile_callback import CompileCallback, StepTimer
 from tests.conftest import loader, make_trainer
 
 pytestmark = pytest.mark.cuda

@@ -2,7 +2,6 @@
 
 import lightning as L
 import pytest
-import torch
 from torch._dynamo import register_backend  # the documented way to add a custom backend
 
 from compile_callback import CompileCallback, torch_internals

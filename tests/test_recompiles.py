@@ -1,8 +1,6 @@
 """Recompile watch across epochs and the policies against churn, with real Trainers."""
 
-import lightning as L
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from compile_callback import CompileCallback, torch_internals
