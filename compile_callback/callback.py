@@ -255,6 +255,11 @@ class CompileCallback(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not isinstance(pl_module, LightningModule):
             raise TypeError(f"CompileCallback needs a LightningModule; got {type(pl_module).__name__}.")
+        if stage == "fit" and not any(p.requires_grad for p in pl_module.parameters()):
+            raise ValueError(
+                f"CompileCallback found no trainable parameters in {type(pl_module).__name__}: there is no "
+                f"training step to speed up. Define the layers in __init__ (or configure_model), or remove the callback."
+            )
         if self.regions != AUTO:
             # Names are checked here, before any training, so a typo costs nothing.
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)

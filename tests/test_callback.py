@@ -166,3 +166,27 @@ def test_inductor_compiles_for_real_and_matches_eager(tmp_path):
     assert summary["graphs"] >= 1 and summary["compile_time_s"] > 0
     for (name, p_compiled), p_eager in zip(compiled_model.named_parameters(), eager_model.parameters()):
         torch.testing.assert_close(p_compiled, p_eager, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_keyboard_interrupt_still_leaves_the_report(tmp_path):
+    class Interrupted(TinyModel):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 5:
+                raise KeyboardInterrupt
+            return super().training_step(batch, batch_idx)
+
+    callback = fixed(["head"])
+    trainer = make_trainer(tmp_path, [callback])
+    with pytest.raises(SystemExit):  # Lightning turns Ctrl-C into a graceful stop, then exits
+        trainer.fit(Interrupted(), loader())
+    with open(os.path.join(trainer.logger.log_dir, "compile_report.json")) as handle:
+        assert json.load(handle)["summary"]["batches"] == 5
+    assert "compile/graphs" in read_scalars(trainer.logger.log_dir)
+
+
+def test_model_without_trainable_parameters_is_refused(tmp_path):
+    model = TinyModel()
+    model.requires_grad_(False)
+    trainer = make_trainer(tmp_path, [fixed(["head"])])
+    with pytest.raises(ValueError, match=r"CompileCallback found no trainable parameters in TinyModel"):
+        trainer.fit(model, loader())
