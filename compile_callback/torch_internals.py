@@ -14,6 +14,8 @@ What we read, and why it is the right source:
 - ``torch._dynamo.utils.graph_break_reasons``: dynamo's own list of graph breaks with the user stack;
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: dynamo's own graph count.
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
+- ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
+- ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
 """
 
 from __future__ import annotations
@@ -244,6 +246,13 @@ def fallback_random() -> Iterator[None]:
 
     with inductor_config.patch(fallback_random=True):
         yield
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a nested structure of lists, tuples, dicts and registered containers."""
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return list(leaves(tree))
 
 
 def reset_dynamo() -> None:

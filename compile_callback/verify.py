@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from compile_callback import torch_internals
 
@@ -66,10 +65,10 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     torch.manual_seed(_SEED)
     output = module(*args, **kwargs)
-    outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    outputs = [t for t in torch_internals.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     differentiable = [t for t in outputs if t.requires_grad]
     wrt = [p for p in module.parameters() if p.requires_grad]
-    wrt += [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt += [t for t in torch_internals.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
     grads: list[torch.Tensor] = []
     if differentiable and wrt:
         generator = torch.Generator(device=differentiable[0].device).manual_seed(_SEED)
