@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
-from compile_callback.collate import padding_stats
+from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
 from compile_callback.padding import (
@@ -33,7 +33,7 @@ from compile_callback.padding import (
     census_from_dataset,
     first_loader,
 )
-from compile_callback.regions import compile_region, revert_region
+from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, AutoPlanner, FixedPlanner
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
@@ -232,8 +232,7 @@ class CompileCallback(Callback):
         self.churn: ChurnPolicy | None = None
         self._recompiles_seen = 0
         self._fallbacks_seen = 0
-        self._padded_real: Any = 0
-        self._padded_total = 0
+        self._padding_seen = PaddingStats()
         self._notes: list[str] = []
         self._churn_actions: list[dict[str, Any]] = []
         self._loaders_padded: set[str] = set()
@@ -429,7 +428,6 @@ class CompileCallback(Callback):
         assert self.planner is not None and self.watch is not None and self.timer is not None
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
-        self.watch.collect()  # compiles from validation belong to validation, not to this step
         self._label = self.planner.before_batch(self._batch_index)
         self._host_start = time.perf_counter()
         self.timer.start()
@@ -514,8 +512,7 @@ class CompileCallback(Callback):
             stats = padding_stats(batch)
         except (ValueError, TypeError):
             return  # a batch the padding does not describe (e.g. a tuple without roles): not counted
-        self._padded_real = self._padded_real + stats.real_elements  # a device tensor: no host sync
-        self._padded_total += int(stats.total_elements)
+        self._padding_seen = self._padding_seen + stats  # real elements stay a device tensor: no host sync
 
     def _check_churn(self, trainer: Trainer) -> None:
         assert self.watch is not None and self.churn is not None
@@ -557,7 +554,7 @@ class CompileCallback(Callback):
         elif policy == "dynamic":
             options = region.compiled_with
             revert_region(region)
-            compile_region(region, CompileOptions(options.backend, options.mode, options.fullgraph, True, options.options))
+            self.planner.recompile(region, dataclasses.replace(options, dynamic=True))
             self._record(action, "recompiled once with dynamic=True against recompile churn")
         else:
             rank_zero_warn(action.message())
@@ -597,8 +594,8 @@ class CompileCallback(Callback):
         coverage = getattr(self.planner, "coverage", None)
         if coverage is not None:
             values[telemetry.COVERAGE] = coverage
-        if self._padded_total:
-            values[telemetry.PADDING_WASTE] = 1.0 - float(self._padded_real) / self._padded_total
+        if self._padding_seen.total_elements:
+            values[telemetry.PADDING_WASTE] = float(self._padding_seen.waste)
         values.update(self._anatomy(eager_ms, compiled_ms))
         return values
 

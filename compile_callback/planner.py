@@ -93,10 +93,9 @@ class FixedPlanner:
     def after_batch(self, batch_index: int, **_: Any) -> None:
         return None
 
-    def revert_all(self) -> None:
-        for region in self.regions:
-            if region.is_compiled:
-                revert_region(region)
+    def recompile(self, region: Region, options: CompileOptions) -> None:
+        """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
+        compile_region(region, options, on_error=self._failed)
 
     def state_dict(self) -> dict[str, Any]:
         return {"applied": self.applied, "decisions": [d.as_dict() for d in self.decisions]}
@@ -221,10 +220,9 @@ class AutoPlanner:
         if self._label == EAGER and host_ms is not None:
             self._host_ms.append(host_ms)
 
-    def revert_all(self) -> None:
-        for region in self.regions:
-            revert_region(region)
-        self.regions = []
+    def recompile(self, region: Region, options: CompileOptions) -> None:
+        """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
+        compile_region(region, options, on_error=self._failed)
 
     def _failed(self, region: Region, error: BaseException) -> None:
         self._last_failure = torch_internals.describe_error(error)[:300]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -141,7 +140,3 @@ def repeated_block_groups(root: nn.Module) -> dict[str, list[str]]:
             kept[pattern] = members
     return kept
 
-
-def host_ms_per_step(samples: Iterable[float]) -> float | None:
-    values = sorted(samples)
-    return values[len(values) // 2] if values else None

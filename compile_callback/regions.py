@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -75,15 +75,6 @@ class Region:
     def is_compiled(self) -> bool:
         return self.compiled_with is not None
 
-    def parameter_count(self) -> int:
-        seen: set[int] = set()
-        total = 0
-        for module in self.modules:
-            for parameter in module.parameters():
-                if id(parameter) not in seen:
-                    seen.add(id(parameter))
-                    total += parameter.numel()
-        return total
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -178,6 +169,3 @@ def revert_region(region: Region) -> None:
         torch_internals.uncompile_module(module)
     region.compiled_with = None
 
-
-def modules_by_id(regions: Iterable[Region]) -> dict[int, str]:
-    return {id(module): region.name for region in regions for module in region.modules}

@@ -79,9 +79,6 @@ class StepTimer:
     def count(self, label: str) -> int:
         return len(self._samples.get(label, ())) + sum(1 for item in self._pending if item[0] == label)
 
-    def clear(self, label: str) -> None:
-        self._drain(wait=True)
-        self._samples.pop(label, None)
 
 
 def summarize(samples: list[float]) -> dict[str, float]:

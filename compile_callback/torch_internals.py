@@ -255,10 +255,6 @@ def tree_leaves(tree: Any) -> list[Any]:
     return list(leaves(tree))
 
 
-def reset_dynamo() -> None:
-    """Forgets every compiled graph and dynamo's counters (used by tests and by a full re-plan)."""
-    torch._dynamo.reset()
-
 
 def compiled_call(module: nn.Module) -> Any:
     """The callable ``nn.Module.compile`` installed (holds dynamo's cache for this module), or None."""

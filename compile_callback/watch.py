@@ -159,9 +159,6 @@ class CompileWatch:
             torch_internals.remove_compile_hooks(self._handles)
             self._handles = None
 
-    def set_regions(self, region_by_module_id: dict[int, str]) -> None:
-        self.region_by_module_id = dict(region_by_module_id)
-
     def add_region(self, region: Any) -> None:
         """Attributes compiles under ``region``'s modules to ``region.name`` from now on."""
         for module in region.modules:
