@@ -182,6 +182,7 @@ def new_result(
             "peak_flops": settings.peak_flops,
             "callback_options": callback_options(VARIANTS["callback"], smoke=args.smoke),
             "compile_caches": "disabled: every variant compiles cold",
+            "cudnn_attention": workload.cudnn_attention,
             "seed": args.seed,
         },
         "variants": variant_names,

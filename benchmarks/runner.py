@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
 from benchmarks.measure import StepEnd, StepMeter, StepStart, mfu, speedup
@@ -86,6 +86,20 @@ def run_workload(
     ``on_record`` gets the records so far after each variant, so a run cut short by a time limit still
     leaves what it measured.
     """
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention and workload.cudnn_attention)
+    try:
+        return _run_variants(workload, variant_names, settings, on_record)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+
+
+def _run_variants(
+    workload: Workload,
+    variant_names: list[str],
+    settings: RunSettings,
+    on_record: Callable[[list[dict[str, Any]]], None] | None,
+) -> list[dict[str, Any]]:
     state = initial_state(workload, settings.device, seed=settings.seed)
     warm_up_process(workload, settings, state)
     records: list[dict[str, Any]] = []
@@ -207,6 +221,17 @@ def _train_and_measure(
     return record
 
 
+class LoaderData(LightningDataModule):
+    """A DataModule around one ready-made training loader."""
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__()
+        self.loader = loader
+
+    def train_dataloader(self) -> Any:
+        return self.loader
+
+
 def _lightning_fit(
     module: LightningModule,
     loader: Any,
@@ -236,7 +261,9 @@ def _lightning_fit(
         callbacks=callbacks,
     )
     meter.begin()
-    trainer.fit(module, train_dataloaders=loader)
+    # Through a DataModule, as the recipes give their data: a callback can then reach the loader before
+    # its first iterator is made (CompileCallback(pad=...) pads from the first batch).
+    trainer.fit(module, datamodule=LoaderData(loader))
     if meter.steps < settings.total_steps:
         raise RuntimeError(
             f"the Trainer stopped after {meter.steps} of {settings.total_steps} steps; the dataloader or "

@@ -62,6 +62,9 @@ class Workload:
         count_tokens: ``batch -> (real tokens, all tokens)`` for language models, else None.
         flops_per_token: training FLOPs per token for MFU (fixed-shape GPT only), else None.
         cycle_length: batches in one cycle of shapes (variable lengths), else None.
+        cudnn_attention: let ``scaled_dot_product_attention`` use cuDNN. Off for variable lengths: on
+            the H200 (torch 2.11) cuDNN builds an execution plan for every new sequence length, which
+            made an eager step of this workload 173 ms instead of 45 ms; flash attention has no such cost.
     """
 
     name: str
@@ -76,6 +79,7 @@ class Workload:
     count_tokens: Callable[[dict[str, torch.Tensor]], TokenCount] | None = None
     flops_per_token: float | None = None
     cycle_length: int | None = None
+    cudnn_attention: bool = True
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -361,6 +365,7 @@ def _gpt_varlen_workload(*, smoke: bool, device: torch.device, seed: int) -> Wor
         batch_size=sizes["batch_size"],
         count_tokens=count_real_tokens,
         cycle_length=VARLEN_LENGTHS,
+        cudnn_attention=False,
     )
 
 
