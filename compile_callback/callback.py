@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
+from compile_callback.anatomy import StepOps, StepSampler, graph_coverage, split_library_calls
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
@@ -35,7 +36,8 @@ from compile_callback.padding import (
 )
 from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
-from compile_callback.planner import COMPILED, EAGER, AutoPlanner, FixedPlanner
+from compile_callback.planner import COMPILED, EAGER, PROFILE, AutoPlanner, FixedPlanner
+from compile_callback.profile import repeated_block_groups
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, summarize
@@ -101,6 +103,10 @@ class CompileCallback(Callback):
         log_every_n_steps: how often the ``compile/*`` scalars are logged; ``None`` follows the
             Trainer's ``log_every_n_steps``.
         report: print the report table at the end of fit and write ``compile_report.json``.
+        anatomy: profile a few sampled steps (``torch.profiler``, CPU ops only) to measure graph
+            coverage, the kernels compiled code hands to libraries or falls back on, and guard cost
+            (``compile/anatomy/*``): one eager step before compiling, then one step each time the plan
+            or its graphs changed, at most once an epoch; off, those figures are not reported.
 
     Raises:
         ValueError: an argument of the wrong type or out of range, with what is allowed.
@@ -134,6 +140,7 @@ class CompileCallback(Callback):
         cache_dir: str | None = None,
         log_every_n_steps: int | None = None,
         report: bool = True,
+        anatomy: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(regions, str):
@@ -174,8 +181,9 @@ class CompileCallback(Callback):
         _check_int("trial_steps", trial_steps, 1)
         _check_int("max_trials", max_trials, 0)
         _check_float("min_speedup", min_speedup, 1.0)
-        if not isinstance(verify, bool):
-            raise ValueError(f"`verify` must be True or False; got {verify!r}.")
+        for flag_name, flag in (("verify", verify), ("report", report), ("anatomy", anatomy)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"`{flag_name}` must be True or False; got {flag!r}.")
         if verify_tolerance is not None:
             _check_float("verify_tolerance", verify_tolerance, 0.0)
         if on_recompile not in ON_RECOMPILE_POLICIES:
@@ -225,6 +233,14 @@ class CompileCallback(Callback):
         self.cache_dir = cache_dir
         self.log_every_n_steps = log_every_n_steps
         self.report = report
+        self.anatomy = anatomy
+        self._sampler = StepSampler()
+        self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
+        self._eager_ops: StepOps | None = None  # the fully eager step: the reference of graph coverage
+        self._compiled_ops: StepOps | None = None  # the latest sampled step of the current plan
+        self._sampled_plan: tuple[Any, ...] | None = None
+        self._sampled_epoch = -1
+        self._sampled_batch = False  # this batch ran under the profiler: not a timed step
         self._previous_inductor_cache: str | None = None
         self._plan_file: str | None = None
         self._plan_key: dict[str, Any] | None = None
@@ -429,6 +445,8 @@ class CompileCallback(Callback):
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self._label = self.planner.before_batch(self._batch_index)
+        if self.anatomy and trainer.is_global_zero:
+            self._maybe_sample(trainer, pl_module)
         self._host_start = time.perf_counter()
         self.timer.start()
 
@@ -437,8 +455,11 @@ class CompileCallback(Callback):
     ) -> None:
         assert self.planner is not None and self.watch is not None and self.timer is not None
         compiled_now = self.watch.compiled_since_collect
-        # A step that compiled is not a steady-state step: its time goes to compile time, not speed.
-        self.timer.stop(None if compiled_now else self._label)
+        sampled, self._sampled_batch = self._sampled_batch, False
+        self._end_sample()
+        # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
+        # nor is a profiled one.
+        self.timer.stop(None if compiled_now or sampled else self._label)
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
         self.planner.after_batch(self._batch_index, host_ms=host_ms)
@@ -449,6 +470,64 @@ class CompileCallback(Callback):
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
+
+    # -- anatomy sampling ----------------------------------------------------------------------------
+    def _plan_signature(self) -> tuple[Any, ...]:
+        assert self.planner is not None and self.watch is not None
+        totals = self.watch.totals()
+        regions = tuple((r.name, r.compiled_with) for r in self.planner.regions if r.is_compiled)
+        return regions, totals["graphs"], totals["graph_breaks"]
+
+    def _maybe_sample(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        assert self.planner is not None
+        if self._eager_ops is None and self._label in (PROFILE, EAGER):
+            if any(r.is_compiled for r in self.planner.regions):
+                return
+            if self._sampler.start(pl_module, self._region_modules(pl_module)):
+                self._sampling, self._sampled_batch = "eager", True
+        elif self._label == COMPILED and self._eager_ops is not None:
+            signature = self._plan_signature()
+            if signature == self._sampled_plan:
+                return
+            if self._compiled_ops is not None and trainer.current_epoch == self._sampled_epoch:
+                return  # the plan or its graphs changed again within this epoch: sampled at the next one
+            if self._sampler.start(pl_module):
+                self._sampling, self._sampled_batch = "compiled", True
+                self._sampled_plan, self._sampled_epoch = signature, trainer.current_epoch
+
+    def _region_modules(self, pl_module: LightningModule) -> dict[str, list[Any]]:
+        """The modules whose ops the eager sample counts per region, by region name."""
+        if isinstance(self.planner, FixedPlanner):
+            return {region.name: list(region.modules) for region in self.planner.regions}
+        named = dict(pl_module.named_modules())
+        labels: dict[str, list[Any]] = {MODEL: [pl_module]}
+        grouped: set[str] = set()
+        for pattern, members in repeated_block_groups(pl_module).items():
+            labels[pattern] = [named[name] for name in members]
+            grouped.update(members)
+        for name, child in pl_module.named_children():
+            if not any(member == name or member.startswith(name + ".") for member in grouped):
+                labels[name] = [child]
+        return labels
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        if self._sampling is not None:
+            self._sampler.backward_started()
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._sampling is not None:
+            self._sampler.backward_ended()
+            self._end_sample()
+
+    def _end_sample(self) -> None:
+        kind, self._sampling = self._sampling, None
+        ops = self._sampler.stop()
+        if ops is None or kind is None:
+            return
+        if kind == "eager":
+            self._eager_ops = ops
+        else:
+            self._compiled_ops = ops
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.watch is not None:
@@ -617,7 +696,67 @@ class CompileCallback(Callback):
             telemetry.ANATOMY_VERIFICATION_PASS_RATE: (
                 sum(1 for d in verified if not d.reason.startswith("numerics")) / len(verified) if verified else None
             ),
+            **self._op_anatomy(compiled_ms),
         }
+
+    def _op_anatomy(self, compiled_ms: float | None) -> dict[str, float | None]:
+        """Graph coverage, fallback kernels and guard cost from the sampled steps (see ``anatomy``)."""
+        now, reference = self._compiled_ops, self._eager_ops
+        if now is None or reference is None:
+            return {}
+        fallbacks, _ = split_library_calls(now.library_calls)
+        moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs
+        inductor = self.backend == "inductor"
+        values: dict[str, float | None] = {
+            telemetry.ANATOMY_GRAPH_COVERAGE: graph_coverage(now.eager_ops, reference.eager_ops),
+            telemetry.ANATOMY_EAGER_OPS: float(now.eager_ops),
+            telemetry.ANATOMY_STEP_OPS: float(reference.eager_ops),
+            telemetry.ANATOMY_FALLBACK_CALLS: float(sum(fallbacks.values())) if inductor else None,
+            telemetry.ANATOMY_BACKEND_COVERAGE: (
+                max(0.0, 1.0 - sum(fallbacks.values()) / moved) if inductor and moved > 0 else None
+            ),
+            telemetry.ANATOMY_GUARD_CHECKS: float(now.guard_checks),
+            telemetry.ANATOMY_GUARD_US_PER_CALL: now.guard_us / now.guard_checks if now.guard_checks else None,
+            telemetry.ANATOMY_GUARD_SHARE: now.guard_us / (compiled_ms * 1e3) if compiled_ms else None,
+        }
+        for name, coverage in self._region_coverage().items():
+            values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage
+        return values
+
+    def _region_coverage(self) -> dict[str, float | None]:
+        """Graph coverage per region the planner decided on: 0 for a region that runs eager."""
+        if self._compiled_ops is None or self._eager_ops is None or self.planner is None:
+            return {}
+        compiled = {r.name for r in self.planner.regions if r.is_compiled}
+        coverage: dict[str, float | None] = {}
+        for decision in self.planner.decisions:
+            name = decision.region
+            if name in coverage or name not in self._eager_ops.region_eager_ops:
+                continue
+            reference = self._eager_ops.region_eager_ops[name]
+            now = self._compiled_ops.region_eager_ops.get(name, 0) if name in compiled else reference
+            coverage[name] = graph_coverage(now, reference)
+        return coverage
+
+    def _anatomy_details(self) -> dict[str, Any]:
+        """What the scalars summarize: kernels by name, per-region coverage, torch's guard figure."""
+        details: dict[str, Any] = {}
+        if self._compiled_ops is not None:
+            fallbacks, extern = split_library_calls(self._compiled_ops.library_calls)
+            details["fallback_kernels"] = dict(sorted(fallbacks.items(), key=lambda kv: -kv[1]))
+            details["library_kernels"] = dict(sorted(extern.items(), key=lambda kv: -kv[1]))
+            details["region_graph_coverage"] = self._region_coverage()
+            details["sampled_step"] = self._compiled_ops.as_dict()
+        if self._eager_ops is not None:
+            details["eager_reference_step"] = {
+                "eager_ops": self._eager_ops.eager_ops, "region_eager_ops": self._eager_ops.region_eager_ops
+            }
+        assert self.watch is not None
+        latencies = [us for stats in self.watch.stats.values() for us in stats.guard_latencies_us]
+        if latencies:
+            # torch's own figure: one guard evaluation timed right after each compile (cold caches).
+            details["guard_latency_us_at_compile"] = sum(latencies) / len(latencies)
+        return details
 
     def build_report(self) -> dict[str, Any]:
         """The report as a JSON-ready dict: summary, decisions, per-region accounting, causes, suggestions."""
@@ -664,7 +803,10 @@ class CompileCallback(Callback):
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,
             "churn_actions": list(self._churn_actions),
-            "anatomy": {tag.rsplit("/", 1)[-1]: value for tag, value in metrics.items() if "/anatomy/" in tag},
+            "anatomy": {
+                **{tag.rsplit("/", 1)[-1]: value for tag, value in metrics.items() if "/anatomy/" in tag},
+                **self._anatomy_details(),
+            },
             "decisions": [d.as_dict() for d in self.planner.decisions],
             "regions": regions,
             "recompiles": [r.as_dict() for r in self.watch.recompiles],

@@ -348,6 +348,7 @@ class AutoPlanner:
         if keep:
             for region in kept:
                 region.compiled_with = options
+                guard_region(region, self._failed)  # the group's compiled calls replaced the guarded ones
             reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"
         else:
             for region in kept:

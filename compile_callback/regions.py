@@ -154,7 +154,9 @@ def guard_region(region: Region, on_error: Any) -> None:
     """From now on, an error from compiling or running ``region``'s compiled code reverts the region,
     reruns the failing call eagerly and calls ``on_error(region, error)``: the step is not lost."""
     for module in region.modules:
-        torch_internals.fall_back_to_eager_on_error(module, lambda _module, error: _failed(region, error, on_error))
+        torch_internals.fall_back_to_eager_on_error(
+            module, lambda _module, error: _failed(region, error, on_error), label=region.name
+        )
 
 
 def _failed(region: Region, error: BaseException, on_error: Any) -> None:

@@ -35,6 +35,14 @@ ANATOMY_INDUCTOR_S = "compile/anatomy/inductor_s"
 ANATOMY_CACHE_HIT_RATE = "compile/anatomy/cache_hit_rate"
 ANATOMY_BREAK_EVEN_STEPS = "compile/anatomy/break_even_steps"
 ANATOMY_VERIFICATION_PASS_RATE = "compile/anatomy/verification_pass_rate"
+ANATOMY_GRAPH_COVERAGE = "compile/anatomy/graph_coverage"
+ANATOMY_EAGER_OPS = "compile/anatomy/eager_ops"
+ANATOMY_STEP_OPS = "compile/anatomy/step_ops"
+ANATOMY_BACKEND_COVERAGE = "compile/anatomy/backend_coverage"
+ANATOMY_FALLBACK_CALLS = "compile/anatomy/fallback_calls"
+ANATOMY_GUARD_CHECKS = "compile/anatomy/guard_checks"
+ANATOMY_GUARD_US_PER_CALL = "compile/anatomy/guard_us_per_call"
+ANATOMY_GUARD_SHARE = "compile/anatomy/guard_share"
 
 
 def region_tag(name: str) -> str:
@@ -78,6 +86,12 @@ def custom_scalars_layout() -> dict[str, Any]:
             "cache hit rate": ["Multiline", [ANATOMY_CACHE_HIT_RATE]],
             "break-even (steps)": ["Multiline", [ANATOMY_BREAK_EVEN_STEPS]],
             "verification pass rate": ["Multiline", [ANATOMY_VERIFICATION_PASS_RATE]],
+            "graph and backend coverage": ["Multiline", [ANATOMY_GRAPH_COVERAGE, ANATOMY_BACKEND_COVERAGE]],
+            "ops run eagerly (of the eager step's)": ["Multiline", [ANATOMY_EAGER_OPS, ANATOMY_STEP_OPS]],
+            "fallback kernel calls per step": ["Multiline", [ANATOMY_FALLBACK_CALLS]],
+            "guard checks: us per call, share of step": [
+                "Multiline", [ANATOMY_GUARD_US_PER_CALL, ANATOMY_GUARD_SHARE]
+            ],
         },
     }
 

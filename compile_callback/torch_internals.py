@@ -16,6 +16,12 @@ What we read, and why it is the right source:
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
+- ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
+  compiled code because it has no lowering of its own; ``torch.autograd.profiler._is_profiler_enabled``:
+  whether a profiler already runs (a second one cannot start).
+- Profiler event names that torch gives its compiled code: ``CompiledFunction`` and
+  ``CompiledFunctionBackward`` (AOTAutograd's forward and backward), ``## Call CompiledFxGraph <key> ##``
+  (Inductor's compiled graph) and ``TorchDynamo Cache Lookup`` (dynamo checking a frame's guards).
 """
 
 from __future__ import annotations
@@ -301,7 +307,35 @@ def restore_inductor_cache_dir(previous: str | None) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
-def fall_back_to_eager_on_error(module: nn.Module, on_error: Any) -> None:
+# Names of the profiler events around compiled code (see the module docstring).
+COMPILED_CODE_EVENTS = ("CompiledFunction", "CompiledFunctionBackward")
+COMPILED_GRAPH_EVENT_PREFIX = "## Call CompiledFxGraph"
+GUARD_CHECK_EVENT = "TorchDynamo Cache Lookup"
+REGION_EVENT_PREFIX = "compile_callback::region::"
+_mark_regions = False
+
+
+def mark_regions(on: bool) -> None:
+    """While on, each call of a guarded compiled module runs inside a profiler range named
+    ``compile_callback::region::<region>`` (off: one boolean test per call, no range)."""
+    global _mark_regions
+    _mark_regions = on
+
+
+def inductor_fallback_names() -> set[str]:
+    """``aten::<op>`` names of the ops Inductor runs as ATen fallback kernels (grows as it lowers graphs)."""
+    try:
+        from torch._inductor.lowering import fallbacks
+    except ImportError:  # Inductor not importable: nothing it could have fallen back on
+        return set()
+    return {str(op.name()).split(".")[0] for op in list(fallbacks) if hasattr(op, "name")}
+
+
+def profiler_running() -> bool:
+    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+
+def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "") -> None:
     """Wraps the callable ``nn.Module.compile`` installed so that an error it raises (a backend that
     fails to compile, a fullgraph break, a run-time error of compiled code) reverts ``module`` to eager
     and reruns the same call eagerly: the step goes on, no batch is lost and the optimizer steps once.
@@ -311,8 +345,13 @@ def fall_back_to_eager_on_error(module: nn.Module, on_error: Any) -> None:
     if compiled is None or getattr(compiled, "_compile_callback_guard", False):
         return
 
+    marker = REGION_EVENT_PREFIX + label
+
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
+            if _mark_regions:
+                with torch.profiler.record_function(marker):
+                    return compiled(*args, **kwargs)
             return compiled(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any failure of compiled code means: run eager
             module._compiled_call_impl = None

@@ -82,6 +82,7 @@ class RegionCompileStats:
     inductor_seconds: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
+    guard_latencies_us: list[float] = dataclasses.field(default_factory=list)  # torch's, one per graph
     eager_fallback: bool = False
     fallback_reason: str | None = None
     graph_break_reasons: Counter = dataclasses.field(default_factory=Counter)
@@ -251,6 +252,8 @@ class CompileWatch:
             stats.inductor_seconds += record.inductor_seconds
             stats.cache_hits += record.fx_cache_hits
             stats.cache_misses += record.fx_cache_misses
+            if record.guard_latency_us is not None and record.is_forward:
+                stats.guard_latencies_us.append(float(record.guard_latency_us))
             if record.recompile_reason and record.is_forward:
                 kind, reason = classify_guard_failure(record.recompile_reason)
                 stats.recompiles += 1

@@ -156,6 +156,7 @@ class CallbackConfig:
     cache_dir: Optional[str] = None  # warm restarts: plan (JSON) and Inductor caches kept here
     log_every_n_steps: Optional[int] = None
     report: bool = True
+    anatomy: bool = True  # sample a few steps under torch.profiler: graph coverage, fallback kernels, guard cost
 
 
 @dataclass

@@ -1,0 +1,230 @@
+"""Compile anatomy measured on a few sampled steps: graph coverage, fallback kernels and guard cost.
+
+A sampled step runs under ``torch.profiler`` with CPU activity only (op events, no kernel trace). Its
+events say where each ATen op ran:
+
+- inside AOTAutograd's ``CompiledFunction`` / ``CompiledFunctionBackward`` or Inductor's
+  ``## Call CompiledFxGraph`` ranges: in a compiled graph. The outermost ATen ops found there are the
+  library kernels the compiled code calls: matmuls and convolutions Inductor hands to cuBLAS/cuDNN
+  ("extern" kernels), and the ops it has no lowering for and runs as ATen fallbacks (named in
+  ``torch._inductor.lowering.fallbacks``);
+- ``TorchDynamo Cache Lookup`` ranges: dynamo checking guards before running compiled code;
+- every other outermost ATen op ran eagerly. Counted are those of the LightningModule's
+  ``training_step`` (inside a profiler range the sampler puts around it) and of the backward nodes that
+  its ops created (linked by autograd's sequence numbers). Lightning's own ops around the step (the
+  detached copy of the loss) and autograd's bookkeeping (``AccumulateGrad``, the seed gradient of
+  ``backward()``) are not the model's: not counted.
+
+Graph coverage S = 1 - (eager ops of this step) / (eager ops of the same step run fully eager, sampled
+before anything was compiled). The unit is the outermost ATen op as eager PyTorch dispatches it, the
+same on both sides; S = 1 means nothing of the model's forward and backward runs outside a graph.
+Per region, forward ops are attributed by profiler ranges around the region's calls and backward ops by
+autograd's sequence numbers, which link a backward node to the forward op that made it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, record_function
+from torch.utils.hooks import RemovableHandle
+
+from compile_callback import torch_internals
+
+BACKWARD_EVENT = "compile_callback::backward"
+STEP_EVENT = "compile_callback::training_step"
+ENGINE_EVENT_PREFIX = "autograd::engine::evaluate_function: "
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+
+
+@dataclasses.dataclass
+class StepOps:
+    """What one sampled step ran, counted from its profiler events.
+
+    Attributes:
+        eager_ops: outermost ATen ops of the forward and backward that ran eagerly.
+        region_eager_ops: the same, per region range they ran in (a nested op counts for every
+            enclosing region).
+        library_calls: outermost ATen ops inside compiled graphs, by name (``aten::mm``: 4).
+        guard_checks: ``TorchDynamo Cache Lookup`` ranges (one per call of a compiled frame).
+        guard_us: microseconds inside them.
+    """
+
+    eager_ops: int = 0
+    region_eager_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    library_calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    guard_checks: int = 0
+    guard_us: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _is_compiled_code(name: str) -> bool:
+    return name in torch_internals.COMPILED_CODE_EVENTS or name.startswith(torch_internals.COMPILED_GRAPH_EVENT_PREFIX)
+
+
+def count_ops(events: Iterable[Any]) -> StepOps:
+    """Counts a sampled step's profiler events (``FunctionEvent``s with ``cpu_parent`` links)."""
+    result = StepOps()
+    regions_of_sequence: dict[int, set[str]] = collections.defaultdict(set)
+    step_sequences: set[int] = set()  # sequence numbers of the forward ops of training_step
+    backward_ops: list[int] = []  # sequence number of the backward node, one entry per eager op
+    region_ops: collections.Counter[str] = collections.Counter()
+    library: collections.Counter[str] = collections.Counter()
+    prefix = torch_internals.REGION_EVENT_PREFIX
+    for event in events:
+        name = event.name
+        if name == torch_internals.GUARD_CHECK_EVENT:
+            result.guard_checks += 1
+            result.guard_us += float(event.cpu_time_total)
+            continue
+        if not name.startswith("aten::"):
+            continue
+        outermost, compiled, backward, in_step = True, False, False, False
+        engine: Any = None
+        regions: list[str] = []
+        parent = event.cpu_parent
+        while parent is not None:
+            parent_name = parent.name
+            if parent_name.startswith("aten::"):
+                outermost = False
+            elif _is_compiled_code(parent_name):
+                compiled = True
+            elif parent_name.startswith(ENGINE_EVENT_PREFIX):
+                if engine is None:
+                    engine = parent
+            elif parent_name == BACKWARD_EVENT:
+                backward = True
+            elif parent_name == STEP_EVENT:
+                in_step = True
+            elif parent_name.startswith(prefix):
+                regions.append(parent_name[len(prefix):])
+            parent = parent.cpu_parent
+        in_backward = backward or engine is not None
+        if in_step and not in_backward and event.sequence_nr >= 0:
+            step_sequences.add(event.sequence_nr)
+            regions_of_sequence[event.sequence_nr].update(regions)
+        if not outermost:
+            continue
+        if compiled:
+            library[name] += 1
+            continue
+        if in_backward:
+            if engine is not None and not engine.name.endswith(ACCUMULATE_GRAD):
+                backward_ops.append(engine.sequence_nr)
+        elif in_step:
+            region_ops.update(set(regions))
+            result.eager_ops += 1
+    for sequence_nr in backward_ops:
+        if sequence_nr in step_sequences:
+            result.eager_ops += 1
+            for region in regions_of_sequence[sequence_nr]:
+                region_ops[region] += 1
+    result.region_eager_ops = dict(region_ops)
+    result.library_calls = dict(library)
+    return result
+
+
+class StepSampler:
+    """Profiles one training step at a time and counts its ops (:func:`count_ops`).
+
+    ``start`` at the batch start, ``backward_started``/``backward_ended`` around ``loss.backward()``,
+    ``stop`` after the backward (or at the batch end). While sampling, ``module.training_step`` runs
+    inside a profiler range (an instance attribute set for the step and removed after). ``marked``
+    modules (eager ones only: a hook on a compiled module would make dynamo recompile) get a profiler
+    range per call, named by region; compiled regions get theirs from their guard.
+    """
+
+    def __init__(self) -> None:
+        self._profiler: torch.profiler.profile | None = None
+        self._handles: list[RemovableHandle] = []
+        self._open: list[Any] = []
+        self._module: nn.Module | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._profiler is not None
+
+    def start(self, module: nn.Module, marked: dict[str, Sequence[nn.Module]] | None = None) -> bool:
+        """Starts profiling; False (and nothing started) when another profiler is already running."""
+        if self._profiler is not None or torch_internals.profiler_running():
+            return False
+        if "training_step" in vars(module):
+            return False  # someone else replaced training_step on the instance: leave it alone
+        self._profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
+        self._profiler.start()
+        training_step = module.training_step
+
+        def marked_training_step(*args: Any, **kwargs: Any) -> Any:
+            with record_function(STEP_EVENT):
+                return training_step(*args, **kwargs)
+
+        module.training_step = marked_training_step  # type: ignore[method-assign]
+        self._module = module
+        torch_internals.mark_regions(True)
+        for label, modules in (marked or {}).items():
+            for module in modules:
+                self._handles.append(module.register_forward_pre_hook(self._enter(label)))
+                self._handles.append(module.register_forward_hook(self._exit))
+        return True
+
+    def _enter(self, label: str):
+        def hook(module: nn.Module, args: Any) -> None:
+            marker = record_function(torch_internals.REGION_EVENT_PREFIX + label)
+            marker.__enter__()
+            self._open.append(marker)
+
+        return hook
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    def backward_started(self) -> None:
+        if self._profiler is not None:
+            marker = record_function(BACKWARD_EVENT)
+            marker.__enter__()
+            self._open.append(marker)
+
+    def backward_ended(self) -> None:
+        if self._profiler is not None and self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    def stop(self) -> StepOps | None:
+        """Stops profiling and returns the counts (None if nothing was being profiled)."""
+        if self._profiler is None:
+            return None
+        while self._open:  # a forward that raised leaves its range open
+            self._open.pop().__exit__(None, None, None)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        torch_internals.mark_regions(False)
+        if self._module is not None:
+            del self._module.training_step  # the class's method again
+            self._module = None
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        return count_ops(profiler.events())
+
+
+def graph_coverage(eager_now: int, eager_reference: int) -> float | None:
+    """S = the share of the fully eager step's ops that now run inside compiled graphs."""
+    if eager_reference <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - eager_now / eager_reference))
+
+
+def split_library_calls(calls: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(fallbacks, extern)``: ATen fallback kernels (ops Inductor could not lower) and the library
+    kernels Inductor chose (cuBLAS/cuDNN matmuls and convolutions), each by name."""
+    fallback_names = torch_internals.inductor_fallback_names()
+    fallbacks = {name: n for name, n in calls.items() if name in fallback_names}
+    extern = {name: n for name, n in calls.items() if name not in fallback_names}
+    return fallbacks, extern

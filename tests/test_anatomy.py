@@ -1,0 +1,174 @@
+"""Compile anatomy with real Trainers: graph coverage, fallback kernels, guard cost, sampling."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from compile_callback import CompileCallback
+from compile_callback.anatomy import StepSampler, count_ops, graph_coverage
+from tests.conftest import loader, make_trainer, read_scalars
+
+
+@torch._dynamo.disable
+def doubled(t: torch.Tensor) -> torch.Tensor:
+    """Two eager ops forward (mul, add) and one backward (mul): dynamo does not trace it (a graph break)."""
+    return t * 2 + 1
+
+
+class LossInForward(L.LightningModule):
+    """Everything the step computes is in ``forward``: compiling the model captures all of it."""
+
+    def __init__(self, width: int = 16, depth: int = 2, break_graph: bool = False, cumsum: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, width)
+        self.blocks = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
+        self.head = nn.Linear(width, 4)
+        self.break_graph = break_graph
+        self.cumsum = cumsum
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        if self.break_graph:
+            x = doubled(x)
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        if self.break_graph:  # (not inside the loop: dynamo cannot resume in a ModuleList iterator)
+            x = doubled(x)
+        if self.cumsum:
+            x = x.cumsum(dim=-1)  # Inductor has no lowering of its own for cumsum: an ATen fallback
+        return nn.functional.cross_entropy(self.head(x), y)
+
+    def training_step(self, batch, batch_idx):
+        return self(*batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def fit(tmp_path, model, callback, epochs: int = 1, **kwargs):
+    trainer = make_trainer(tmp_path, [callback], max_epochs=epochs, **kwargs)
+    trainer.fit(model, loader(batch_size=8))
+    return callback.last_report
+
+
+FAST = dict(eager_baseline_steps=2, warmup_steps=1)
+
+
+def test_fully_captured_model_has_coverage_one(tmp_path):
+    report = fit(tmp_path, LossInForward(), CompileCallback("model", backend="aot_eager", **FAST))
+    anatomy = report["anatomy"]
+    assert anatomy["graph_coverage"] == 1.0
+    assert anatomy["eager_ops"] == 0
+    assert anatomy["step_ops"] > 10  # the eager reference step: forward, loss and backward ops
+    assert anatomy["region_graph_coverage"] == {"model": 1.0}
+    assert anatomy["guard_checks"] >= 1 and anatomy["guard_us_per_call"] > 0
+
+
+def test_graph_break_leaves_its_ops_eager(tmp_path):
+    report = fit(tmp_path, LossInForward(break_graph=True), CompileCallback("model", backend="aot_eager", **FAST))
+    anatomy = report["anatomy"]
+    assert report["summary"]["graph_breaks"] >= 2
+    # Two breaks, each mul and add forward and mul backward (the add's backward passes the gradient on).
+    assert anatomy["eager_ops"] == 2 * 3
+    assert anatomy["graph_coverage"] == pytest.approx(1 - 6 / anatomy["step_ops"])
+    assert 0 < anatomy["graph_coverage"] < 1
+    assert anatomy["region_graph_coverage"]["model"] == pytest.approx(anatomy["graph_coverage"])
+
+
+def test_uncompiled_and_compiled_regions_are_attributed(tmp_path):
+    """Only the head is compiled: the blocks' ops stay eager, the step's coverage is the head's share."""
+    from tests.conftest import TinyModel
+
+    report = fit(tmp_path, TinyModel(), CompileCallback(["head"], backend="aot_eager", **FAST))
+    anatomy = report["anatomy"]
+    reference = anatomy["eager_reference_step"]
+    head_ops = reference["region_eager_ops"]["head"]
+    assert anatomy["region_graph_coverage"] == {"head": 1.0}
+    assert anatomy["eager_ops"] == reference["eager_ops"] - head_ops
+    assert anatomy["graph_coverage"] == pytest.approx(head_ops / reference["eager_ops"])
+
+
+def test_inductor_fallback_kernel_is_named(tmp_path):
+    report = fit(tmp_path, LossInForward(cumsum=True), CompileCallback("model", **FAST))
+    anatomy = report["anatomy"]
+    assert anatomy["fallback_kernels"].get("aten::cumsum", 0) >= 1, anatomy
+    assert anatomy["fallback_calls"] >= 1
+    assert 0 < anatomy["backend_coverage"] < 1
+    assert anatomy["graph_coverage"] == 1.0
+
+
+def test_sampling_is_rare_and_untimed(tmp_path):
+    """Over 3 epochs of a frozen plan: one eager sample and one compiled sample, neither timed."""
+    callback = CompileCallback("model", backend="aot_eager", **FAST)
+    starts = []
+    original = StepSampler.start
+
+    def counting_start(self, *args, **kwargs):
+        started = original(self, *args, **kwargs)
+        starts.append(started)
+        return started
+
+    StepSampler.start = counting_start
+    try:
+        fit(tmp_path, LossInForward(), callback, epochs=3)
+    finally:
+        StepSampler.start = original
+    assert starts == [True, True]
+    batches = 3 * 12
+    timed = len(callback.timer.samples_ms("eager")) + len(callback.timer.samples_ms("compiled"))
+    # Not timed: the first warm-up batch, the eager sample (the first baseline batch), the batch that
+    # compiles (the warm-up after compiling) and the compiled sample.
+    assert timed == batches - 4
+
+
+def test_anatomy_off_reports_none_of_it(tmp_path):
+    report = fit(tmp_path, LossInForward(), CompileCallback("model", backend="aot_eager", anatomy=False, **FAST))
+    assert "graph_coverage" not in report["anatomy"]
+    assert "cache_hit_rate" in report["anatomy"]  # the compile-time figures do not need sampling
+
+
+def test_anatomy_scalars_reach_tensorboard_and_json(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    fit(tmp_path, LossInForward(break_graph=True), CompileCallback("model", backend="aot_eager", **FAST), logger=logger)
+    scalars = read_scalars(logger.log_dir)
+    coverage = scalars["compile/anatomy/graph_coverage"][-1][1]
+    assert 0 < coverage < 1
+    assert "compile/region/model/graph_coverage" in scalars
+    with open(os.path.join(logger.log_dir, "compile_report.json")) as handle:
+        report = json.load(handle)
+    assert report["anatomy"]["graph_coverage"] == pytest.approx(coverage, rel=1e-6)
+
+
+def test_a_running_profiler_is_left_alone():
+    """A user's own profiler already runs: the sampler starts nothing and says so."""
+    module = LossInForward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert StepSampler().start(module) is False
+    assert "training_step" not in vars(module)
+
+
+def test_count_ops_on_a_plain_eager_step():
+    """Counted from a real profile: forward ops of training_step and the backward nodes they made."""
+    module = LossInForward(depth=1)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    sampler = StepSampler()
+    assert sampler.start(module, {"head": [module.head]})
+    loss = module.training_step((x, y), 0)
+    sampler.backward_started()
+    loss.backward()
+    sampler.backward_ended()
+    ops = sampler.stop()
+    assert "training_step" not in vars(module)  # the class's method again
+    # embed, block and head: linear forward (1 op each) and AddmmBackward (mm, mm, sum, view... >= 2)
+    assert ops.eager_ops > 6 and ops.library_calls == {} and ops.guard_checks == 0
+    assert 0 < ops.region_eager_ops["head"] < ops.eager_ops
+    assert graph_coverage(0, ops.eager_ops) == 1.0 and graph_coverage(ops.eager_ops, ops.eager_ops) == 0.0
+    assert count_ops([]).eager_ops == 0
