@@ -208,6 +208,7 @@ def _train_and_measure(
             "plan": report.get("plan"),
             "decisions": report.get("decisions", []),
             "suggestions": report.get("suggestions", []),
+            "anatomy": report.get("anatomy", {}),
         }
     if workload.cycle_length is None and record.get("real_tokens") and record["median_ms"]:
         # One shape: throughput from the median step, like the other columns (a mean would carry outliers).

@@ -98,10 +98,29 @@ def render_notes(result: dict[str, Any]) -> str:
                 notes.append("  - the plan was still changing at the end: the steady window may hold trial steps")
             for note in plan.get("notes", []):
                 notes.append(f"  - note: {note}")
+            anatomy = callback.get("anatomy") or {}
+            if anatomy.get("graph_coverage") is not None:
+                notes.append(f"  - anatomy: {render_anatomy(anatomy)}")
         for key, label in (("recompile_reasons", "recompiles"), ("graph_break_reasons", "graph breaks")):
             for item in record.get(key) or []:
                 notes.append(f"- `{record['variant']}` {label}: {item['count']} × {_cell(item['reason'])}")
     return "\n".join(notes)
+
+
+def render_anatomy(anatomy: dict[str, Any]) -> str:
+    """One line: graph and backend coverage, fallback kernels, guard cost, compile split, break-even."""
+    fallbacks = ", ".join(f"`{name}` ×{n}" for name, n in (anatomy.get("fallback_kernels") or {}).items()) or "none"
+    return (
+        f"graph coverage {_percent(anatomy.get('graph_coverage'))} "
+        f"({_number(anatomy.get('eager_ops'), '.0f')} of {_number(anatomy.get('step_ops'), '.0f')} ops eager), "
+        f"backend coverage {_percent(anatomy.get('backend_coverage'))}, fallback kernels per step: {fallbacks}; "
+        f"guards {_number(anatomy.get('guard_checks'), '.0f')} checks × {_number(anatomy.get('guard_us_per_call'), '.1f')} µs "
+        f"({_percent(anatomy.get('guard_share'))} of the step; torch's own figure at compile "
+        f"{_number(anatomy.get('guard_latency_us_at_compile'), '.1f')} µs); compile split dynamo "
+        f"{_number(anatomy.get('dynamo_s'), '.1f')} s / AOTAutograd {_number(anatomy.get('aot_autograd_s'), '.1f')} s / "
+        f"Inductor {_number(anatomy.get('inductor_s'), '.1f')} s, cache hit rate {_percent(anatomy.get('cache_hit_rate'))}; "
+        f"break-even after {_number(anatomy.get('break_even_steps'), '.0f')} steps"
+    )
 
 
 def render_result(result: dict[str, Any]) -> str:

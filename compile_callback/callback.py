@@ -562,9 +562,11 @@ class CompileCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # An interrupted or failed run still leaves its report and metrics up to this point.
+        self._end_sample()
         self._finish(trainer, final=False)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._end_sample()  # a step that raised while sampled leaves its profiler running
         if self.watch is not None:
             self.watch.stop()
         if self.cache_dir is not None and stage == "fit":
@@ -702,7 +704,8 @@ class CompileCallback(Callback):
     def _op_anatomy(self, compiled_ms: float | None) -> dict[str, float | None]:
         """Graph coverage, fallback kernels and guard cost from the sampled steps (see ``anatomy``)."""
         now, reference = self._compiled_ops, self._eager_ops
-        if now is None or reference is None:
+        if now is None or reference is None or self.backend == "eager":
+            # dynamo's "eager" backend runs its graphs as plain eager ops: graph and break look alike.
             return {}
         fallbacks, _ = split_library_calls(now.library_calls)
         moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs

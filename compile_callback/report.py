@@ -73,6 +73,15 @@ def render_table(report: dict[str, Any]) -> str:
                 f"  {name[:40]:<40} {stats['graphs']:>6} {stats['graph_breaks']:>6} {stats['recompiles']:>6} "
                 f"{stats['compile_seconds']:>9.2f}  {'EAGER (limit hit)' if stats['eager_fallback'] else ''}"
             )
+    anatomy = report.get("anatomy") or {}
+    if anatomy.get("graph_coverage") is not None:
+        fallbacks = ", ".join(f"{name} x{n}" for name, n in list(anatomy.get("fallback_kernels", {}).items())[:5])
+        lines.append(
+            f"  anatomy: graph coverage {anatomy['graph_coverage']:.1%} ({_fmt(anatomy.get('eager_ops'), '.0f')} of "
+            f"{_fmt(anatomy.get('step_ops'), '.0f')} ops eager)  backend coverage "
+            f"{_fmt(anatomy.get('backend_coverage'), '.1%')}  guards {_fmt(anatomy.get('guard_us_per_call'), '.1f')} us "
+            f"x {_fmt(anatomy.get('guard_checks'), '.0f')} per step  fallback kernels: {fallbacks or 'none'}"
+        )
     for cause in report.get("recompile_causes", [])[:10]:
         lines.append(f"  recompile x{cause['count']} in {cause['region']}: {cause['reason']}")
     for item in report.get("graph_break_reasons", [])[:10]:
@@ -118,6 +127,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{stats['compile_seconds']:.2f} | {stats['fallback_reason'] or 'no'} |"
             )
         out.append("")
+    out += _anatomy_markdown(report.get("anatomy") or {})
     if report.get("recompile_causes"):
         out += ["### Recompile causes", "", "| region | count | guard that failed |", "|---|---|---|"]
         out += [f"| `{c['region']}` | {c['count']} | `{c['reason']}` |" for c in report["recompile_causes"]]
@@ -129,6 +139,42 @@ def render_markdown(report: dict[str, Any]) -> str:
     if report.get("suggestions"):
         out += ["### Suggestions", ""] + [f"- {s}" for s in report["suggestions"]]
     return "\n".join(out)
+
+
+ANATOMY_ROWS = (
+    ("graph coverage S (ops in compiled graphs / all ops of the step)", "graph_coverage", ".1%"),
+    ("ops still run eagerly per step", "eager_ops", ".0f"),
+    ("ops of the fully eager step", "step_ops", ".0f"),
+    ("backend coverage (1 - fallback kernel calls / ops moved into graphs)", "backend_coverage", ".1%"),
+    ("fallback kernel calls per step", "fallback_calls", ".0f"),
+    ("guard checks per step", "guard_checks", ".0f"),
+    ("guard time per check (us)", "guard_us_per_call", ".1f"),
+    ("guard time, share of the step", "guard_share", ".2%"),
+    ("guard time per check at compile, torch's own figure (us)", "guard_latency_us_at_compile", ".1f"),
+    ("compile: dynamo capture (s)", "dynamo_s", ".1f"),
+    ("compile: AOTAutograd (s)", "aot_autograd_s", ".1f"),
+    ("compile: Inductor (s)", "inductor_s", ".1f"),
+    ("compile cache hit rate", "cache_hit_rate", ".0%"),
+    ("break-even (steps until compiling has paid for itself)", "break_even_steps", ".0f"),
+    ("verification pass rate", "verification_pass_rate", ".0%"),
+)
+
+
+def _anatomy_markdown(anatomy: dict[str, Any]) -> list[str]:
+    rows = [(label, anatomy.get(key), spec) for label, key, spec in ANATOMY_ROWS if anatomy.get(key) is not None]
+    if not rows:
+        return []
+    out = ["### Anatomy", "", "| figure | value |", "|---|---|"]
+    out += [f"| {label} | {_fmt(float(value), spec)} |" for label, value, spec in rows]
+    for key, title in (("fallback_kernels", "fallback kernels (ATen ops Inductor could not lower)"),
+                       ("library_kernels", "library kernels called by compiled code")):
+        kernels = anatomy.get(key) or {}
+        if kernels:
+            out.append(f"| {title} | " + ", ".join(f"`{name}` x{n}" for name, n in kernels.items()) + " |")
+    for name, coverage in (anatomy.get("region_graph_coverage") or {}).items():
+        out.append(f"| graph coverage of `{name}` | {_fmt(coverage, '.1%')} |")
+    out.append("")
+    return out
 
 
 def write_json(report: dict[str, Any], directory: str) -> str:

@@ -172,3 +172,17 @@ def test_count_ops_on_a_plain_eager_step():
     assert 0 < ops.region_eager_ops["head"] < ops.eager_ops
     assert graph_coverage(0, ops.eager_ops) == 1.0 and graph_coverage(ops.eager_ops, ops.eager_ops) == 0.0
     assert count_ops([]).eager_ops == 0
+
+
+def test_a_step_that_raises_while_sampled_leaves_no_profiler_running(tmp_path):
+    class Failing(LossInForward):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:  # the eager sample (first baseline batch)
+                raise RuntimeError("user error")
+            return super().training_step(batch, batch_idx)
+
+    model = Failing()
+    with pytest.raises(RuntimeError, match="user error"):
+        fit(tmp_path, model, CompileCallback("model", backend="aot_eager", **FAST))
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert "training_step" not in vars(model)
