@@ -241,6 +241,7 @@ class CompileCallback(Callback):
         self._sampled_plan: tuple[Any, ...] | None = None
         self._sampled_epoch = -1
         self._sampled_batch = False  # this batch ran under the profiler: not a timed step
+        self._previous_backward_lowering: bool | None = None
         self._previous_inductor_cache: str | None = None
         self._plan_file: str | None = None
         self._plan_key: dict[str, Any] | None = None
@@ -362,6 +363,7 @@ class CompileCallback(Callback):
             options=self.options,
         )
         names = {id(module): name for name, module in pl_module.named_modules()}
+        self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
         if self.regions == AUTO:
             self.watch = CompileWatch({}, names)
@@ -567,6 +569,9 @@ class CompileCallback(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._end_sample()  # a step that raised while sampled leaves its profiler running
+        if self._previous_backward_lowering is not None:
+            torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
+            self._previous_backward_lowering = None
         if self.watch is not None:
             self.watch.stop()
         if self.cache_dir is not None and stage == "fit":

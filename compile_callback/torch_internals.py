@@ -19,6 +19,7 @@ What we read, and why it is the right source:
 - ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
   compiled code because it has no lowering of its own; ``torch.autograd.profiler._is_profiler_enabled``:
   whether a profiler already runs (a second one cannot start).
+- ``torch._functorch.config.force_non_lazy_backward_lowering``: see :func:`compile_backward_with_forward`.
 - Profiler event names that torch gives its compiled code: ``CompiledFunction`` and
   ``CompiledFunctionBackward`` (AOTAutograd's forward and backward), ``## Call CompiledFxGraph <key> ##``
   (Inductor's compiled graph) and ``TorchDynamo Cache Lookup`` (dynamo checking a frame's guards).
@@ -331,6 +332,20 @@ def inductor_fallback_names() -> set[str]:
     return {str(op.name()).split(".")[0] for op in list(fallbacks) if hasattr(op, "name")}
 
 
+def compile_backward_with_forward(on: bool) -> bool | None:
+    """Makes AOTAutograd compile a graph's backward together with its forward instead of at its first
+    backward call, so a backward that fails to compile fails in the forward call, where the region's
+    guard reverts it and reruns the call eagerly (a failure inside ``loss.backward()`` could not be undone).
+    Returns the previous value to restore, or None where this torch has no such setting."""
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return None
+    previous = bool(functorch_config.force_non_lazy_backward_lowering)
+    functorch_config.force_non_lazy_backward_lowering = on
+    return previous
+
+
 def profiler_running() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled)
 
@@ -339,8 +354,9 @@ def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "
     """Wraps the callable ``nn.Module.compile`` installed so that an error it raises (a backend that
     fails to compile, a fullgraph break, a run-time error of compiled code) reverts ``module`` to eager
     and reruns the same call eagerly: the step goes on, no batch is lost and the optimizer steps once.
-    ``on_error(module, error)`` is told. Errors raised later, in a lazily compiled backward, are not
-    caught here (they surface in ``loss.backward()``)."""
+    ``on_error(module, error)`` is told. A backward that fails to compile fails here too while
+    :func:`compile_backward_with_forward` is on; an error raised while a compiled backward runs
+    surfaces in ``loss.backward()`` and is not caught."""
     compiled = compiled_call(module)
     if compiled is None or getattr(compiled, "_compile_callback_guard", False):
         return

@@ -98,3 +98,46 @@ def test_auto_region_failing_at_run_time_after_verification_is_reverted(tmp_path
     decision = callback.last_report["decisions"][0]
     assert not decision["kept"] and "injected: compiled code failed on a later call" in decision["reason"]
     assert fault_losses == pytest.approx(eager_losses, rel=1e-5)
+
+
+def _forward_compiles_backward_raises(gm, example_inputs):
+    from torch._dynamo.backends.common import aot_autograd  # the documented helper for AOT backends
+
+    def forward_compiler(graph, inputs):
+        return graph.forward
+
+    def backward_compiler(graph, inputs):
+        raise RuntimeError("injected: the backward graph failed to compile")
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(gm, example_inputs)
+
+
+try:
+    register_backend(compiler_fn=_forward_compiles_backward_raises, name="test_raise_at_backward_compile")
+except Exception:
+    pass
+
+
+@pytest.mark.parametrize("regions", [["blocks.*", "head"], "model"])
+def test_backward_that_fails_to_compile_reverts_before_the_step(tmp_path, regions):
+    """Compiled lazily, this backward would fail inside loss.backward(), past the point of rerunning
+    the call; the callback has AOTAutograd compile it with the forward, so the forward's guard catches it."""
+    import torch._functorch.config as functorch_config
+
+    before = functorch_config.force_non_lazy_backward_lowering
+    eager_losses, _, _ = losses(tmp_path / "eager", [])
+    callback = CompileCallback(regions, backend="test_raise_at_backward_compile", eager_baseline_steps=2, warmup_steps=1)
+    fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
+    assert fault_losses == pytest.approx(eager_losses, rel=1e-6)
+    assert model.batches_seen == 2 * 12 and trainer.global_step == 2 * 12
+    reasons = [d["reason"] for d in callback.last_report["decisions"]]
+    assert reasons and all("injected: the backward graph failed to compile" in r for r in reasons), reasons
+    assert functorch_config.force_non_lazy_backward_lowering == before  # restored after fit
+
+
+def test_without_eager_backward_lowering_the_failure_would_reach_backward(tmp_path, monkeypatch):
+    """The control: with the setting kept off, the same backend fails inside loss.backward()."""
+    monkeypatch.setattr(torch_internals, "compile_backward_with_forward", lambda on: None)
+    callback = CompileCallback("model", backend="test_raise_at_backward_compile", eager_baseline_steps=2, warmup_steps=1)
+    with pytest.raises(Exception, match="injected: the backward graph failed to compile"):
+        losses(tmp_path, [callback])
