@@ -242,6 +242,7 @@ class CompileCallback(Callback):
         self._sampled_epoch = -1
         self._sampled_batch = False  # this batch ran under the profiler: not a timed step
         self._previous_backward_lowering: bool | None = None
+        self._inductor_cache_set = False
         self._previous_inductor_cache: str | None = None
         self._plan_file: str | None = None
         self._plan_key: dict[str, Any] | None = None
@@ -287,6 +288,7 @@ class CompileCallback(Callback):
             except OSError as error:
                 raise ValueError(f"`cache_dir` {self.cache_dir!r} cannot be created: {error}. Give a writable directory.") from error
             self._previous_inductor_cache = torch_internals.use_inductor_cache_dir(os.path.join(self.cache_dir, "inductor"))
+            self._inductor_cache_set = True
 
     # -- padding -----------------------------------------------------------------------------------
     def _padding_plan(self) -> PaddingPlan:
@@ -566,16 +568,24 @@ class CompileCallback(Callback):
         # An interrupted or failed run still leaves its report and metrics up to this point.
         self._end_sample()
         self._finish(trainer, final=False)
+        self._release()  # Lightning calls no teardown hook after an exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._end_sample()  # a step that raised while sampled leaves its profiler running
+        if stage == "fit":
+            self._release()
+
+    def _release(self) -> None:
+        """Gives back what fit took: the profiler of a sampled step that raised, torch's process-wide
+        settings, dynamo's compile hooks. Safe to call twice."""
+        self._end_sample()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None
         if self.watch is not None:
             self.watch.stop()
-        if self.cache_dir is not None and stage == "fit":
+        if self._inductor_cache_set:
             torch_internals.restore_inductor_cache_dir(self._previous_inductor_cache)
+            self._inductor_cache_set = False
 
     def state_dict(self) -> dict[str, Any]:
         if self.planner is None or self.watch is None:

@@ -218,3 +218,4 @@ def pad_to_longest(samples):
         ids[row, :n] = sample["input_ids"]
         labels[row, :n] = sample["labels"]
     return {"input_ids": ids, "labels": labels}
+

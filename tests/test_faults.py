@@ -141,3 +141,27 @@ def test_without_eager_backward_lowering_the_failure_would_reach_backward(tmp_pa
     callback = CompileCallback("model", backend="test_raise_at_backward_compile", eager_baseline_steps=2, warmup_steps=1)
     with pytest.raises(Exception, match="injected: the backward graph failed to compile"):
         losses(tmp_path, [callback])
+
+
+def test_an_exception_in_user_code_gives_back_process_wide_settings(tmp_path, monkeypatch):
+    """Lightning calls no teardown hook after an exception: the callback restores what it changed anyway."""
+    import os
+
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    before = functorch_config.force_non_lazy_backward_lowering
+
+    class Failing(TinyModel):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 5:
+                raise RuntimeError("user error")
+            return super().training_step(batch, batch_idx)
+
+    callback = CompileCallback("model", backend="eager", cache_dir=str(tmp_path / "cache"), eager_baseline_steps=2, warmup_steps=1)
+    trainer = make_trainer(tmp_path, [callback])
+    with pytest.raises(RuntimeError, match="user error"):
+        trainer.fit(Failing(), loader(batch_size=8))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
+    assert functorch_config.force_non_lazy_backward_lowering == before
+    assert callback.watch._handles is None  # dynamo's compile hooks removed
