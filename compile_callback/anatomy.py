@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -158,7 +159,9 @@ class StepSampler:
         if "training_step" in vars(module):
             return False  # someone else replaced training_step on the instance: leave it alone
         self._profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
-        self._profiler.start()
+        with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
+            warnings.simplefilter("ignore", UserWarning)
+            self._profiler.start()
         training_step = module.training_step
 
         def marked_training_step(*args: Any, **kwargs: Any) -> Any:

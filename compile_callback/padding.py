@@ -43,7 +43,7 @@ class PaddingPlan:
 
     strategy: str | list[int]
     max_buckets: int = 4
-    multiple: int = 64
+    multiple: int = 8
     short_batch: str = "keep"
     edges: list[int] | None = None
     target: str | None = None  # "sequence" or "image", found by the census

@@ -151,7 +151,7 @@ class CallbackConfig:
     max_recompiles_per_epoch: int = 4
     pad: Any = None  # None (off), "auto", "max", or a list of sizes (bucket edges)
     pad_max_buckets: int = 4
-    pad_multiple: int = 64
+    pad_multiple: int = 8
     pad_short_batch: str = "keep"  # "keep" or "pad"
     cache_dir: Optional[str] = None  # warm restarts: plan (JSON) and Inductor caches kept here
     log_every_n_steps: Optional[int] = None
