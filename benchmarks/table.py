@@ -3,7 +3,9 @@
     python -m benchmarks.table benchmarks/results/*.json                 # prints BENCHMARKS.md
     python -m benchmarks.table benchmarks/results/*.json --output BENCHMARKS.md
 
-Where several files hold the same workload, the newest (by its ``date``) is used.
+Every file gets its own section (its command, table and notes). For the targets, each workload's
+newest run that measured a target answers it; a variable-length run may take its baselines (eager,
+no-padding and pad-to-max compile) from another run of the same workload, which the verdict names.
 """
 
 from __future__ import annotations
@@ -178,8 +180,11 @@ GPT_MFU = 0.45
 VARLEN_PADDING_WASTE = 0.15
 
 
-def evaluate_targets(result: dict[str, Any]) -> list[Verdict]:
-    """The SPEC's targets for ``CompileCallback()`` that this workload's result can answer."""
+def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> list[Verdict]:
+    """The SPEC's targets for ``CompileCallback()`` that this workload's result can answer.
+
+    ``peers``: other runs of the same workload, where a variable-length run finds baselines it lacks.
+    """
     workload = result["workload"]
     records = records_by_variant(result)
     callback = _ok(records, "callback")
@@ -208,7 +213,7 @@ def evaluate_targets(result: dict[str, Any]) -> list[Verdict]:
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
-        verdicts.extend(_varlen_verdicts(workload, records, invalid))
+        verdicts.extend(_varlen_verdicts(workload, records, invalid, peers))
     return verdicts
 
 
@@ -228,10 +233,21 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
     return Verdict(workload, target, measured, invalid or _verdict(callback_wall <= anchors[best]))
 
 
-def _varlen_verdicts(workload: str, records: dict[str, dict[str, Any]], invalid: str | None) -> list[Verdict]:
+def _varlen_verdicts(
+    workload: str, records: dict[str, dict[str, Any]], invalid: str | None, peers: Sequence[dict[str, Any]] = ()
+) -> list[Verdict]:
     verdicts = []
-    baselines = {name: (_ok(records, name) or {}).get("tokens_per_s") for name in ("eager", "whole", "whole_padmax")}
-    baselines = {name: value for name, value in baselines.items() if value}
+    baselines: dict[str, float] = {}
+    for name in ("eager", "whole", "whole_padmax"):
+        value = (_ok(records, name) or {}).get("tokens_per_s")
+        if value:
+            baselines[name] = value
+            continue
+        for peer in sorted(peers, key=lambda r: str(r.get("date", "")), reverse=True):
+            value = (_ok(records_by_variant(peer), name) or {}).get("tokens_per_s")
+            if value:
+                baselines[f"{name} (run of {str(peer.get('date', ''))[:16]})"] = value
+                break
     for name in ("callback", "callback_pad"):
         record = _ok(records, name)
         if record is None:
@@ -257,31 +273,43 @@ def _varlen_verdicts(workload: str, records: dict[str, dict[str, Any]], invalid:
     return verdicts
 
 
+def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:
+    """Per workload and target, the verdict of the newest run that measured it (else the newest run's)."""
+    chosen: dict[tuple[str, str], tuple[Verdict, dict[str, Any]]] = {}
+    order: list[tuple[str, str]] = []
+    for result in sorted(results, key=lambda r: str(r.get("date", "")), reverse=True):
+        peers = [r for r in results if r is not result and r["workload"] == result["workload"] and not r.get("smoke")]
+        for verdict in evaluate_targets(result, peers):
+            key = (verdict.workload, verdict.target)
+            if key not in chosen:
+                order.append(key)
+                chosen[key] = (verdict, result)
+            elif chosen[key][0].verdict == NOT_MEASURED and verdict.verdict != NOT_MEASURED:
+                chosen[key] = (verdict, result)
+    return [chosen[key] for key in sorted(order, key=lambda key: (_workload_rank(key[0]), order.index(key)))]
+
+
+WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen")
+
+
+def _workload_rank(workload: str) -> int:
+    return WORKLOAD_ORDER.index(workload) if workload in WORKLOAD_ORDER else len(WORKLOAD_ORDER)
+
+
 def render_targets(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["| workload | target | measured | verdict |", "|---|---|---|---|"]
-    for result in results:
-        for verdict in evaluate_targets(result):
-            lines.append(f"| {verdict.workload} | {verdict.target} | {verdict.measured} | {verdict.verdict} |")
+    lines = ["| workload | target | measured | verdict | run |", "|---|---|---|---|---|"]
+    for verdict, result in best_verdicts(results):
+        lines.append(
+            f"| {verdict.workload} | {verdict.target} | {verdict.measured} | {verdict.verdict} | "
+            f"{str(result.get('date', ''))[:16]} |"
+        )
     return "\n".join(lines)
 
 
 # -- BENCHMARKS.md ------------------------------------------------------------------------------------
-def newest_per_workload(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    newest: dict[str, dict[str, Any]] = {}
-    for result in results:
-        key = result["workload"] + ("-smoke" if result.get("smoke") else "")
-        if key not in newest or str(result.get("date", "")) >= str(newest[key].get("date", "")):
-            newest[key] = result
-    order = ["gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen"]
-    rank: Callable[[dict[str, Any]], tuple[int, bool]] = lambda r: (
-        order.index(r["workload"]) if r["workload"] in order else len(order), bool(r.get("smoke"))
-    )
-    return sorted(newest.values(), key=rank)
-
-
 def render_benchmarks(results: Sequence[dict[str, Any]]) -> str:
-    """BENCHMARKS.md: the targets with verdicts, then one section per workload."""
-    chosen = newest_per_workload(results)
+    """BENCHMARKS.md: the targets with verdicts, then one section per run, newest first per workload."""
+    measured = [r for r in results if not r.get("smoke")] or list(results)
     lines = [
         "# Benchmarks",
         "",
@@ -295,12 +323,13 @@ def render_benchmarks(results: Sequence[dict[str, Any]]) -> str:
         "",
         "## Targets (SPEC.md)",
         "",
-        render_targets(chosen),
+        render_targets(measured),
         "",
         "## Workloads",
         "",
     ]
-    for result in chosen:
+    newest_first = sorted(measured, key=lambda r: str(r.get("date", "")), reverse=True)
+    for result in sorted(newest_first, key=lambda r: _workload_rank(r["workload"])):  # stable: newest first within
         lines += [render_result(result), ""]
     return "\n".join(lines).rstrip() + "\n"
 
