@@ -286,6 +286,14 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
                 chosen[key] = (verdict, result)
             elif chosen[key][0].verdict == NOT_MEASURED and verdict.verdict != NOT_MEASURED:
                 chosen[key] = (verdict, result)
+    for workload, target in list(order):
+        # "`callback_pad`: variable-length targets / not run" says a run lacked the variant; drop it
+        # where another run measured that variant's targets.
+        variant = target.split(":")[0]
+        if target.endswith("variable-length targets") and any(
+            w == workload and t != target and t.startswith(variant + ":") for w, t in order
+        ):
+            order.remove((workload, target))
     return [chosen[key] for key in sorted(order, key=lambda key: (_workload_rank(key[0]), order.index(key)))]
 
 
@@ -307,13 +315,50 @@ def render_targets(results: Sequence[dict[str, Any]]) -> str:
 
 
 # -- BENCHMARKS.md ------------------------------------------------------------------------------------
-def render_benchmarks(results: Sequence[dict[str, Any]]) -> str:
+def render_anatomy_table(results: Sequence[dict[str, Any]]) -> str:
+    """One row per run whose callback variants reported the compile anatomy (see README, Metrics)."""
+    lines = [
+        "| workload | variant | run | plan | graph coverage S | ops eager / step ops | backend coverage | "
+        "fallback kernels per step | guard checks × µs (share of step) | compile s: dynamo / AOT / Inductor | "
+        "break-even steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    newest_first = sorted(results, key=lambda r: str(r.get("date", "")), reverse=True)
+    for result in sorted(newest_first, key=lambda r: _workload_rank(r["workload"])):
+        for record in result.get("records", []):
+            callback = record.get("callback") or {}
+            anatomy = callback.get("anatomy") or {}
+            if anatomy.get("graph_coverage") is None:
+                continue
+            plan = ", ".join(f"{d['region']} ({d['mode']})" for d in callback.get("decisions", []) if d.get("kept"))
+            fallbacks = ", ".join(f"`{n}` ×{c}" for n, c in (anatomy.get("fallback_kernels") or {}).items()) or "none"
+            if anatomy.get("kernels_note"):
+                fallbacks += " (CUDA graphs: replayed kernels not visible)"
+            lines.append(
+                f"| {result['workload']} | {record['variant']} | {str(result.get('date', ''))[:16]} | {plan or 'eager'} | "
+                f"{_percent(anatomy.get('graph_coverage'))} | {_number(anatomy.get('eager_ops'), '.0f')} / "
+                f"{_number(anatomy.get('step_ops'), '.0f')} | {_percent(anatomy.get('backend_coverage'))} | {fallbacks} | "
+                f"{_number(anatomy.get('guard_checks'), '.0f')} × {_number(anatomy.get('guard_us_per_call'), '.0f')} "
+                f"({_percent(anatomy.get('guard_share'))}) | {_number(anatomy.get('dynamo_s'), '.1f')} / "
+                f"{_number(anatomy.get('aot_autograd_s'), '.1f')} / {_number(anatomy.get('inductor_s'), '.1f')}"
+                f"{'' if anatomy.get('compile_split') == 'exclusive' else ' (nested¹)'} | "
+                f"{_number(anatomy.get('break_even_steps'), '.0f')} |"
+            )
+    if len(lines) == 2:
+        return ""
+    if any("(nested¹)" in line for line in lines):
+        lines += ["", "¹ Recorded before the split became exclusive: torch's own cumulative figures, which nest "
+                  "(dynamo's includes AOTAutograd's, which includes Inductor's forward graph)."]
+    return "\n".join(lines)
+
+
+def render_benchmarks(results: Sequence[dict[str, Any]], notes: str = "") -> str:
     """BENCHMARKS.md: the targets with verdicts, then one section per run, newest first per workload."""
     measured = [r for r in results if not r.get("smoke")] or list(results)
     lines = [
         "# Benchmarks",
         "",
-        "Made by `python -m benchmarks.table benchmarks/results/*.json` from the JSON that "
+        "Made by `python -m benchmarks.table benchmarks/results/*.json --notes benchmarks/NOTES.md --output BENCHMARKS.md` from the JSON that "
         "`python -m benchmarks --workload <name>` writes (the command of each run heads its section). "
         "Variants run one after another in one process on the same data and initial weights; step time is "
         "forward + backward + optimizer step (CUDA events), median and p90 over the steady-state steps; "
@@ -325,9 +370,18 @@ def render_benchmarks(results: Sequence[dict[str, Any]]) -> str:
         "",
         render_targets(measured),
         "",
-        "## Workloads",
-        "",
     ]
+    anatomy = render_anatomy_table(measured)
+    if anatomy:
+        lines += [
+            "## Compile anatomy (CompileCallback's `compile/anatomy/*`, from the run's report)",
+            "",
+            anatomy,
+            "",
+        ]
+    if notes:
+        lines += [notes.strip(), ""]
+    lines += ["## Workloads", ""]
     newest_first = sorted(measured, key=lambda r: str(r.get("date", "")), reverse=True)
     for result in sorted(newest_first, key=lambda r: _workload_rank(r["workload"])):  # stable: newest first within
         lines += [render_result(result), ""]
@@ -349,9 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="JSON files written by python -m benchmarks")
     parser.add_argument("--output", help="write the Markdown here (default: print it)")
+    parser.add_argument("--notes", help="a Markdown file put after the targets (the reading of the verdicts)")
     args = parser.parse_args(argv)
     try:
-        text = render_benchmarks(load(args.results))
+        notes = ""
+        if args.notes:
+            with open(args.notes, encoding="utf-8") as handle:
+                notes = handle.read()
+        text = render_benchmarks(load(args.results), notes)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

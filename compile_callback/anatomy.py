@@ -51,6 +51,7 @@ class StepOps:
         eager_ops: outermost ATen ops of the forward and backward that ran eagerly.
         region_eager_ops: the same, per region range they ran in (a nested op counts for every
             enclosing region).
+        eager_op_names: ``eager_ops`` by name (``aten::detach``: 2).
         library_calls: outermost ATen ops inside compiled graphs, by name (``aten::mm``: 4).
         guard_checks: ``TorchDynamo Cache Lookup`` ranges (one per call of a compiled frame).
         guard_us: microseconds inside them.
@@ -58,6 +59,7 @@ class StepOps:
 
     eager_ops: int = 0
     region_eager_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    eager_op_names: dict[str, int] = dataclasses.field(default_factory=dict)
     library_calls: dict[str, int] = dataclasses.field(default_factory=dict)
     guard_checks: int = 0
     guard_us: float = 0.0
@@ -75,7 +77,8 @@ def count_ops(events: Iterable[Any]) -> StepOps:
     result = StepOps()
     regions_of_sequence: dict[int, set[str]] = collections.defaultdict(set)
     step_sequences: set[int] = set()  # sequence numbers of the forward ops of training_step
-    backward_ops: list[int] = []  # sequence number of the backward node, one entry per eager op
+    backward_ops: list[tuple[int, str]] = []  # (sequence number of the backward node, op name) per eager op
+    names: collections.Counter[str] = collections.Counter()
     region_ops: collections.Counter[str] = collections.Counter()
     library: collections.Counter[str] = collections.Counter()
     prefix = torch_internals.REGION_EVENT_PREFIX
@@ -118,16 +121,19 @@ def count_ops(events: Iterable[Any]) -> StepOps:
             continue
         if in_backward:
             if engine is not None and not engine.name.endswith(ACCUMULATE_GRAD):
-                backward_ops.append(engine.sequence_nr)
+                backward_ops.append((engine.sequence_nr, name))
         elif in_step:
             region_ops.update(set(regions))
             result.eager_ops += 1
-    for sequence_nr in backward_ops:
+            names[name] += 1
+    for sequence_nr, op_name in backward_ops:
         if sequence_nr in step_sequences:
             result.eager_ops += 1
+            names[op_name] += 1
             for region in regions_of_sequence[sequence_nr]:
                 region_ops[region] += 1
     result.region_eager_ops = dict(region_ops)
+    result.eager_op_names = dict(names.most_common())
     result.library_calls = dict(library)
     return result
 

@@ -769,7 +769,7 @@ class CompileCallback(Callback):
 
     def _anatomy_details(self) -> dict[str, Any]:
         """What the scalars summarize: kernels by name, per-region coverage, torch's guard figure."""
-        details: dict[str, Any] = {}
+        details: dict[str, Any] = {"compile_split": "exclusive"}  # each stage's own time (see watch.py)
         if self._compiled_ops is not None:
             fallbacks, extern = split_library_calls(self._compiled_ops.library_calls)
             if self._uses_cuda_graphs():
@@ -780,6 +780,7 @@ class CompileCallback(Callback):
             details["fallback_kernels"] = dict(sorted(fallbacks.items(), key=lambda kv: -kv[1]))
             details["library_kernels"] = dict(sorted(extern.items(), key=lambda kv: -kv[1]))
             details["region_graph_coverage"] = self._region_coverage()
+            details["eager_op_names"] = dict(list(self._compiled_ops.eager_op_names.items())[:20])
             details["sampled_step"] = self._compiled_ops.as_dict()
         if self._eager_ops is not None:
             details["eager_reference_step"] = {

@@ -77,9 +77,9 @@ class RegionCompileStats:
     recompiles: int = 0
     graph_breaks: int = 0
     compile_seconds: float = 0.0
-    dynamo_seconds: float = 0.0
-    aot_autograd_seconds: float = 0.0
-    inductor_seconds: float = 0.0
+    dynamo_seconds: float = 0.0  # capture alone: dynamo's time less AOTAutograd's
+    aot_autograd_seconds: float = 0.0  # AOTAutograd alone: its time less Inductor's
+    inductor_seconds: float = 0.0  # Inductor, forward and (lazily compiled) backward graphs
     cache_hits: int = 0
     cache_misses: int = 0
     guard_latencies_us: list[float] = dataclasses.field(default_factory=list)  # torch's, one per graph
@@ -247,8 +247,12 @@ class CompileWatch:
                 self._region_of_compile[record.compile_id] = region
             stats = self.stats[region]
             stats.compile_seconds += record.seconds
-            stats.dynamo_seconds += record.dynamo_seconds if record.is_forward else 0.0
-            stats.aot_autograd_seconds += record.aot_autograd_seconds
+            # torch's figures nest (dynamo's includes AOTAutograd's, which includes Inductor's forward);
+            # the split keeps each stage's own time, so the three add up to the compile time.
+            if record.is_forward:
+                stats.dynamo_seconds += max(0.0, record.dynamo_seconds - record.aot_autograd_seconds)
+            if record.aot_autograd_seconds:
+                stats.aot_autograd_seconds += max(0.0, record.aot_autograd_seconds - record.inductor_seconds)
             stats.inductor_seconds += record.inductor_seconds
             stats.cache_hits += record.fx_cache_hits
             stats.cache_misses += record.fx_cache_misses

@@ -186,3 +186,24 @@ def test_a_step_that_raises_while_sampled_leaves_no_profiler_running(tmp_path):
         fit(tmp_path, model, CompileCallback("model", backend="aot_eager", **FAST))
     assert not torch.autograd.profiler._is_profiler_enabled
     assert "training_step" not in vars(model)
+
+
+def test_compile_time_split_equals_torchs_own_accounting(tmp_path):
+    """dynamo's figures nest (its time includes AOTAutograd's, which includes Inductor's forward); the
+    split is each stage's own time, computed here straight from torch's compile records."""
+    before = {id(m) for m in torch._dynamo.utils.get_compilation_metrics()}
+    report = fit(tmp_path, LossInForward(), CompileCallback("model", **FAST))
+    records = [m for m in torch._dynamo.utils.get_compilation_metrics() if id(m) not in before]
+    us = lambda value: (value or 0) / 1e6  # noqa: E731
+    capture = sum(us(m.dynamo_cumulative_compile_time_us) - us(m.aot_autograd_cumulative_compile_time_us)
+                  for m in records if m.is_forward is not False)
+    aot = sum(us(m.aot_autograd_cumulative_compile_time_us) - us(m.inductor_cumulative_compile_time_us)
+              for m in records if m.aot_autograd_cumulative_compile_time_us)
+    inductor = sum(us(m.inductor_cumulative_compile_time_us) for m in records)
+    anatomy = report["anatomy"]
+    assert inductor > 0 and aot > 0 and capture > 0
+    assert anatomy["dynamo_s"] == pytest.approx(capture, abs=1e-6)
+    assert anatomy["aot_autograd_s"] == pytest.approx(aot, abs=1e-6)
+    assert anatomy["inductor_s"] == pytest.approx(inductor, abs=1e-6)
+    total = report["summary"]["compile_time_s"]
+    assert 0.8 * total <= capture + aot + inductor <= 1.001 * total
