@@ -115,6 +115,7 @@ class TrainerConfig:
     precision: str = "32-true"
     accelerator: str = "auto"
     devices: Any = "auto"  # "auto", a count, or a list of device indices
+    strategy: str = "auto"  # Lightning's strategy name: "auto", "ddp", "ddp_spawn", "fsdp", ...
     log_every_n_steps: int = 50
     val_check_interval: Any = None  # int: every N training batches; float: fraction of an epoch
     limit_val_batches: Any = 1.0  # int: that many batches; float: fraction of the val set
@@ -124,6 +125,9 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     # "high" lets float32 matmuls use TF32 on Ampere and later GPUs; "highest" is torch's default.
     matmul_precision: str = "highest"
+    # cuDNN's attention kernel builds an execution plan per sequence length: with lengths that change
+    # every batch it made an H200 GPT-2 step 173 ms instead of 45 ms. False leaves flash attention.
+    cudnn_attention: bool = True
 
 
 @dataclass

@@ -74,6 +74,7 @@ def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.T
         precision=settings.precision,
         accelerator=settings.accelerator,
         devices=settings.devices,
+        strategy=settings.strategy,
         log_every_n_steps=settings.log_every_n_steps,
         val_check_interval=settings.val_check_interval,
         limit_val_batches=settings.limit_val_batches,
@@ -98,6 +99,7 @@ def train(config: RecipeConfig) -> dict[str, Any]:
     # Global torch settings, from the config: "high" lets float32 matmuls use TF32 tensor cores on
     # Ampere and later GPUs (about 10 bits of mantissa; the GPU configs train in bf16 anyway).
     torch.set_float32_matmul_precision(config.trainer.matmul_precision)
+    torch.backends.cuda.enable_cudnn_sdp(config.trainer.cudnn_attention)
     L.seed_everything(config.seed, workers=True)
     callback = build_callback(config)
     datamodule, module = build_task(config)

@@ -141,3 +141,15 @@ def test_command_line_prints_config_and_reports_errors(capsys):
     assert "n_layer: 3" in printed
     assert main([GPT_TINY, "trainer.max_step=5"]) == 2
     assert "error: config key 'trainer.max_step' is not known" in capsys.readouterr().err
+
+
+def test_trainer_strategy_reaches_the_trainer(tmp_path):
+    """`trainer.strategy=ddp trainer.devices=2` is how a recipe runs on several devices (here CPU processes)."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from recipes.train import build_trainer
+
+    config = load_config(GPT_TINY, ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
+                                    f"run_dir={tmp_path}"])
+    trainer = build_trainer(config, None)
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.num_devices == 2
