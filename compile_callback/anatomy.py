@@ -35,7 +35,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.hooks import RemovableHandle
 
-from compile_callback import torch_internals
+from compile_callback import telemetry, torch_internals
 
 BACKWARD_EVENT = "compile_callback::backward"
 STEP_EVENT = "compile_callback::training_step"
@@ -237,3 +237,146 @@ def split_library_calls(calls: dict[str, int]) -> tuple[dict[str, int], dict[str
     fallbacks = {name: n for name, n in calls.items() if name in fallback_names}
     extern = {name: n for name, n in calls.items() if name not in fallback_names}
     return fallbacks, extern
+
+
+def uses_cuda_graphs(regions: Iterable[Any]) -> bool:
+    """Whether a compiled region runs as CUDA graphs (``reduce-overhead`` or Inductor's cudagraphs option)."""
+    for region in regions:
+        options = region.compiled_with
+        if options is not None and (options.mode == "reduce-overhead" or (options.options or {}).get("triton.cudagraphs")):
+            return True
+    return False
+
+
+class OpAnatomy:
+    """When to sample a step, and what the samples say: the ``compile/anatomy/*`` op figures.
+
+    One eager step is sampled before anything is compiled (the reference of graph coverage); then one
+    step of the compiled plan, again whenever the plan or its graph and graph-break counts changed, at
+    most once an epoch. Sampled steps are not timed (``take_sampled_batch``).
+
+    Args:
+        backend: the ``torch.compile`` backend. Under dynamo's ``"eager"`` backend graphs run as plain
+            ATen ops, indistinguishable from graph breaks: no op figures are reported then.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.sampler = StepSampler()
+        self.eager: StepOps | None = None  # the fully eager step: the reference of graph coverage
+        self.compiled: StepOps | None = None  # the latest sampled step of the current plan
+        self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
+        self._sampled_batch = False
+        self._sampled_plan: tuple[Any, ...] | None = None
+        self._sampled_epoch = -1
+
+    def before_batch(
+        self,
+        module: nn.Module,
+        *,
+        eager_step: bool,
+        compiled_step: bool,
+        regions: Sequence[Any],
+        epoch: int,
+        graph_counts: tuple[int, int],
+        region_modules: Any,
+    ) -> None:
+        """Starts sampling this batch if it is due. ``region_modules()`` gives the modules to mark per
+        region in the eager sample; ``graph_counts`` is (graphs, graph breaks) so far."""
+        if self.eager is None and eager_step:
+            if not any(r.is_compiled for r in regions) and self.sampler.start(module, region_modules()):
+                self._sampling, self._sampled_batch = "eager", True
+        elif compiled_step and self.eager is not None:
+            signature = (tuple((r.name, r.compiled_with) for r in regions if r.is_compiled), graph_counts)
+            if signature == self._sampled_plan:
+                return
+            if self.compiled is not None and epoch == self._sampled_epoch:
+                return  # the plan or its graphs changed again within this epoch: sampled at the next one
+            if self.sampler.start(module):
+                self._sampling, self._sampled_batch = "compiled", True
+                self._sampled_plan, self._sampled_epoch = signature, epoch
+
+    def backward_started(self) -> None:
+        if self._sampling is not None:
+            self.sampler.backward_started()
+
+    def backward_ended(self) -> None:
+        if self._sampling is not None:
+            self.sampler.backward_ended()
+            self.end_sample()
+
+    def end_sample(self) -> None:
+        kind, self._sampling = self._sampling, None
+        ops = self.sampler.stop()
+        if ops is None or kind is None:
+            return
+        if kind == "eager":
+            self.eager = ops
+        else:
+            self.compiled = ops
+
+    def take_sampled_batch(self) -> bool:
+        """Whether the batch that just ended was sampled (and so is no timed step); resets the flag."""
+        sampled, self._sampled_batch = self._sampled_batch, False
+        return sampled
+
+    def metrics(self, regions: Sequence[Any], decisions: Sequence[Any], compiled_ms: float | None) -> dict[str, float | None]:
+        """Graph coverage, fallback kernels and guard cost as ``compile/anatomy/*`` scalars."""
+        now, reference = self.compiled, self.eager
+        if now is None or reference is None or self.backend == "eager":
+            return {}
+        fallbacks, _ = split_library_calls(now.library_calls)
+        moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs
+        # Kernels replayed from a CUDA graph leave no op events: what they fall back on cannot be seen.
+        inductor = self.backend == "inductor" and not uses_cuda_graphs(regions)
+        values: dict[str, float | None] = {
+            telemetry.ANATOMY_GRAPH_COVERAGE: graph_coverage(now.eager_ops, reference.eager_ops),
+            telemetry.ANATOMY_EAGER_OPS: float(now.eager_ops),
+            telemetry.ANATOMY_STEP_OPS: float(reference.eager_ops),
+            telemetry.ANATOMY_FALLBACK_CALLS: float(sum(fallbacks.values())) if inductor else None,
+            telemetry.ANATOMY_BACKEND_COVERAGE: (
+                max(0.0, 1.0 - sum(fallbacks.values()) / moved) if inductor and moved > 0 else None
+            ),
+            telemetry.ANATOMY_GUARD_CHECKS: float(now.guard_checks),
+            telemetry.ANATOMY_GUARD_US_PER_CALL: now.guard_us / now.guard_checks if now.guard_checks else None,
+            telemetry.ANATOMY_GUARD_SHARE: now.guard_us / (compiled_ms * 1e3) if compiled_ms else None,
+        }
+        for name, coverage in self.region_coverage(regions, decisions).items():
+            values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage
+        return values
+
+    def region_coverage(self, regions: Sequence[Any], decisions: Sequence[Any]) -> dict[str, float | None]:
+        """Graph coverage per region decided on: 0 for a region that runs eager."""
+        if self.compiled is None or self.eager is None or self.backend == "eager":
+            return {}
+        compiled = {r.name for r in regions if r.is_compiled}
+        coverage: dict[str, float | None] = {}
+        for decision in decisions:
+            name = decision.region
+            if name in coverage or name not in self.eager.region_eager_ops:
+                continue
+            reference = self.eager.region_eager_ops[name]
+            now = self.compiled.region_eager_ops.get(name, 0) if name in compiled else reference
+            coverage[name] = graph_coverage(now, reference)
+        return coverage
+
+    def details(self, regions: Sequence[Any], decisions: Sequence[Any]) -> dict[str, Any]:
+        """What the scalars summarize, for the report: kernels by name, eager ops by name, per region."""
+        details: dict[str, Any] = {}
+        if self.compiled is not None and self.eager is not None and self.backend != "eager":
+            fallbacks, extern = split_library_calls(self.compiled.library_calls)
+            if uses_cuda_graphs(regions):
+                details["kernels_note"] = (
+                    "CUDA graphs (reduce-overhead) replay their kernels without op events: the kernels "
+                    "below are only those called outside the graphs; backend coverage is not measurable"
+                )
+            details["fallback_kernels"] = dict(sorted(fallbacks.items(), key=lambda kv: -kv[1]))
+            details["library_kernels"] = dict(sorted(extern.items(), key=lambda kv: -kv[1]))
+            details["region_graph_coverage"] = self.region_coverage(regions, decisions)
+            details["eager_op_names"] = dict(list(self.compiled.eager_op_names.items())[:20])
+            details["sampled_step"] = self.compiled.as_dict()
+        if self.eager is not None:
+            details["eager_reference_step"] = {
+                "eager_ops": self.eager.eager_ops, "region_eager_ops": self.eager.region_eager_ops
+            }
+        return details

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
-from compile_callback.anatomy import StepOps, StepSampler, graph_coverage, split_library_calls
+from compile_callback.anatomy import OpAnatomy
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
@@ -234,13 +234,7 @@ class CompileCallback(Callback):
         self.log_every_n_steps = log_every_n_steps
         self.report = report
         self.anatomy = anatomy
-        self._sampler = StepSampler()
-        self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
-        self._eager_ops: StepOps | None = None  # the fully eager step: the reference of graph coverage
-        self._compiled_ops: StepOps | None = None  # the latest sampled step of the current plan
-        self._sampled_plan: tuple[Any, ...] | None = None
-        self._sampled_epoch = -1
-        self._sampled_batch = False  # this batch ran under the profiler: not a timed step
+        self._anatomy_ops = OpAnatomy(backend)
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
         self._previous_inductor_cache: str | None = None
@@ -450,7 +444,16 @@ class CompileCallback(Callback):
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self._label = self.planner.before_batch(self._batch_index)
         if self.anatomy and trainer.is_global_zero:
-            self._maybe_sample(trainer, pl_module)
+            totals = self.watch.totals()
+            self._anatomy_ops.before_batch(
+                pl_module,
+                eager_step=self._label in (PROFILE, EAGER),
+                compiled_step=self._label == COMPILED,
+                regions=self.planner.regions,
+                epoch=trainer.current_epoch,
+                graph_counts=(totals["graphs"], totals["graph_breaks"]),
+                region_modules=lambda: self._region_modules(pl_module),
+            )
         self._host_start = time.perf_counter()
         self.timer.start()
 
@@ -459,8 +462,8 @@ class CompileCallback(Callback):
     ) -> None:
         assert self.planner is not None and self.watch is not None and self.timer is not None
         compiled_now = self.watch.compiled_since_collect
-        sampled, self._sampled_batch = self._sampled_batch, False
-        self._end_sample()
+        sampled = self._anatomy_ops.take_sampled_batch()
+        self._anatomy_ops.end_sample()
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
         self.timer.stop(None if compiled_now or sampled else self._label)
@@ -476,29 +479,6 @@ class CompileCallback(Callback):
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
 
     # -- anatomy sampling ----------------------------------------------------------------------------
-    def _plan_signature(self) -> tuple[Any, ...]:
-        assert self.planner is not None and self.watch is not None
-        totals = self.watch.totals()
-        regions = tuple((r.name, r.compiled_with) for r in self.planner.regions if r.is_compiled)
-        return regions, totals["graphs"], totals["graph_breaks"]
-
-    def _maybe_sample(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        assert self.planner is not None
-        if self._eager_ops is None and self._label in (PROFILE, EAGER):
-            if any(r.is_compiled for r in self.planner.regions):
-                return
-            if self._sampler.start(pl_module, self._region_modules(pl_module)):
-                self._sampling, self._sampled_batch = "eager", True
-        elif self._label == COMPILED and self._eager_ops is not None:
-            signature = self._plan_signature()
-            if signature == self._sampled_plan:
-                return
-            if self._compiled_ops is not None and trainer.current_epoch == self._sampled_epoch:
-                return  # the plan or its graphs changed again within this epoch: sampled at the next one
-            if self._sampler.start(pl_module):
-                self._sampling, self._sampled_batch = "compiled", True
-                self._sampled_plan, self._sampled_epoch = signature, trainer.current_epoch
-
     def _region_modules(self, pl_module: LightningModule) -> dict[str, list[Any]]:
         """The modules whose ops the eager sample counts per region, by region name."""
         if isinstance(self.planner, FixedPlanner):
@@ -515,23 +495,10 @@ class CompileCallback(Callback):
         return labels
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if self._sampling is not None:
-            self._sampler.backward_started()
+        self._anatomy_ops.backward_started()
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._sampling is not None:
-            self._sampler.backward_ended()
-            self._end_sample()
-
-    def _end_sample(self) -> None:
-        kind, self._sampling = self._sampling, None
-        ops = self._sampler.stop()
-        if ops is None or kind is None:
-            return
-        if kind == "eager":
-            self._eager_ops = ops
-        else:
-            self._compiled_ops = ops
+        self._anatomy_ops.backward_ended()
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.watch is not None:
@@ -566,7 +533,7 @@ class CompileCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # An interrupted or failed run still leaves its report and metrics up to this point.
-        self._end_sample()
+        self._anatomy_ops.end_sample()
         self._finish(trainer, final=False)
         self._release()  # Lightning calls no teardown hook after an exception
 
@@ -577,7 +544,7 @@ class CompileCallback(Callback):
     def _release(self) -> None:
         """Gives back what fit took: the profiler of a sampled step that raised, torch's process-wide
         settings, dynamo's compile hooks. Safe to call twice."""
-        self._end_sample()
+        self._anatomy_ops.end_sample()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None
@@ -713,80 +680,16 @@ class CompileCallback(Callback):
             telemetry.ANATOMY_VERIFICATION_PASS_RATE: (
                 sum(1 for d in verified if not d.reason.startswith("numerics")) / len(verified) if verified else None
             ),
-            **self._op_anatomy(compiled_ms),
+            **self._anatomy_ops.metrics(self.planner.regions, self.planner.decisions, compiled_ms),
         }
-
-    def _op_anatomy(self, compiled_ms: float | None) -> dict[str, float | None]:
-        """Graph coverage, fallback kernels and guard cost from the sampled steps (see ``anatomy``)."""
-        now, reference = self._compiled_ops, self._eager_ops
-        if now is None or reference is None or self.backend == "eager":
-            # dynamo's "eager" backend runs its graphs as plain eager ops: graph and break look alike.
-            return {}
-        fallbacks, _ = split_library_calls(now.library_calls)
-        moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs
-        # Kernels replayed from a CUDA graph leave no op events: what they fall back on cannot be seen.
-        inductor = self.backend == "inductor" and not self._uses_cuda_graphs()
-        values: dict[str, float | None] = {
-            telemetry.ANATOMY_GRAPH_COVERAGE: graph_coverage(now.eager_ops, reference.eager_ops),
-            telemetry.ANATOMY_EAGER_OPS: float(now.eager_ops),
-            telemetry.ANATOMY_STEP_OPS: float(reference.eager_ops),
-            telemetry.ANATOMY_FALLBACK_CALLS: float(sum(fallbacks.values())) if inductor else None,
-            telemetry.ANATOMY_BACKEND_COVERAGE: (
-                max(0.0, 1.0 - sum(fallbacks.values()) / moved) if inductor and moved > 0 else None
-            ),
-            telemetry.ANATOMY_GUARD_CHECKS: float(now.guard_checks),
-            telemetry.ANATOMY_GUARD_US_PER_CALL: now.guard_us / now.guard_checks if now.guard_checks else None,
-            telemetry.ANATOMY_GUARD_SHARE: now.guard_us / (compiled_ms * 1e3) if compiled_ms else None,
-        }
-        for name, coverage in self._region_coverage().items():
-            values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage
-        return values
-
-    def _uses_cuda_graphs(self) -> bool:
-        assert self.planner is not None
-        for region in self.planner.regions:
-            options = region.compiled_with
-            if options is not None and (
-                options.mode == "reduce-overhead" or (options.options or {}).get("triton.cudagraphs")
-            ):
-                return True
-        return False
-
-    def _region_coverage(self) -> dict[str, float | None]:
-        """Graph coverage per region the planner decided on: 0 for a region that runs eager."""
-        if self._compiled_ops is None or self._eager_ops is None or self.planner is None:
-            return {}
-        compiled = {r.name for r in self.planner.regions if r.is_compiled}
-        coverage: dict[str, float | None] = {}
-        for decision in self.planner.decisions:
-            name = decision.region
-            if name in coverage or name not in self._eager_ops.region_eager_ops:
-                continue
-            reference = self._eager_ops.region_eager_ops[name]
-            now = self._compiled_ops.region_eager_ops.get(name, 0) if name in compiled else reference
-            coverage[name] = graph_coverage(now, reference)
-        return coverage
 
     def _anatomy_details(self) -> dict[str, Any]:
         """What the scalars summarize: kernels by name, per-region coverage, torch's guard figure."""
-        details: dict[str, Any] = {"compile_split": "exclusive"}  # each stage's own time (see watch.py)
-        if self._compiled_ops is not None:
-            fallbacks, extern = split_library_calls(self._compiled_ops.library_calls)
-            if self._uses_cuda_graphs():
-                details["kernels_note"] = (
-                    "CUDA graphs (reduce-overhead) replay their kernels without op events: the kernels "
-                    "below are only those called outside the graphs; backend coverage is not measurable"
-                )
-            details["fallback_kernels"] = dict(sorted(fallbacks.items(), key=lambda kv: -kv[1]))
-            details["library_kernels"] = dict(sorted(extern.items(), key=lambda kv: -kv[1]))
-            details["region_graph_coverage"] = self._region_coverage()
-            details["eager_op_names"] = dict(list(self._compiled_ops.eager_op_names.items())[:20])
-            details["sampled_step"] = self._compiled_ops.as_dict()
-        if self._eager_ops is not None:
-            details["eager_reference_step"] = {
-                "eager_ops": self._eager_ops.eager_ops, "region_eager_ops": self._eager_ops.region_eager_ops
-            }
-        assert self.watch is not None
+        assert self.watch is not None and self.planner is not None
+        details: dict[str, Any] = {
+            "compile_split": "exclusive",  # each stage's own time (see watch.py)
+            **self._anatomy_ops.details(self.planner.regions, self.planner.decisions),
+        }
         latencies = [us for stats in self.watch.stats.values() for us in stats.guard_latencies_us]
         if latencies:
             # torch's own figure: one guard evaluation timed right after each compile (cold caches).
