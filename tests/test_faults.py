@@ -165,3 +165,39 @@ def test_an_exception_in_user_code_gives_back_process_wide_settings(tmp_path, mo
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
     assert functorch_config.force_non_lazy_backward_lowering == before
     assert callback.watch._handles is None  # dynamo's compile hooks removed
+
+
+def _backward_raises_when_run(gm, example_inputs):
+    from torch._dynamo.backends.common import aot_autograd
+
+    def forward_compiler(graph, inputs):
+        return graph.forward
+
+    def backward_compiler(graph, inputs):
+        def run(*args):
+            raise RuntimeError("injected: the compiled backward failed when run")
+
+        return run
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(gm, example_inputs)
+
+
+try:
+    register_backend(compiler_fn=_backward_raises_when_run, name="test_backward_raises_when_run")
+except Exception:
+    pass
+
+
+def test_auto_verification_runs_the_compiled_backward_before_training_does(tmp_path):
+    """A compiled backward that fails when it runs would surface inside loss.backward(), where the step
+    cannot be redone without running training_step twice. regions="auto" verifies each region on a held
+    input, outputs and gradients, before any training step uses it: the failure shows there."""
+    callback = CompileCallback(backend="test_backward_raises_when_run", eager_baseline_steps=3, warmup_steps=1,
+                               trial_steps=3, max_trials=2)
+    eager_losses, _, _ = losses(tmp_path / "eager", [])
+    fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
+    assert model.batches_seen == 24 and trainer.global_step == 24
+    decisions = callback.last_report["decisions"]
+    assert decisions and all(not d["kept"] for d in decisions)
+    assert all("injected: the compiled backward failed when run" in d["reason"] for d in decisions), decisions
+    assert fault_losses == pytest.approx(eager_losses, rel=1e-5)
