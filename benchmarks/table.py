@@ -233,21 +233,40 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
     return Verdict(workload, target, measured, invalid or _verdict(callback_wall <= anchors[best]))
 
 
+INCONCLUSIVE = "inconclusive (cross-run)"
+
+
+def _eager_rate(records: dict[str, dict[str, Any]]) -> float | None:
+    return (_ok(records, "eager") or {}).get("tokens_per_s")
+
+
 def _varlen_verdicts(
     workload: str, records: dict[str, dict[str, Any]], invalid: str | None, peers: Sequence[dict[str, Any]] = ()
 ) -> list[Verdict]:
+    """Recompiles after the first epoch, padding waste and real tokens/s of the callback variants.
+
+    A baseline missing from this run may come from a peer run; eager's throughput drifts between runs,
+    so such a comparison must hold both in tokens/s and as each variant's ratio to its own run's eager,
+    else it is inconclusive.
+    """
     verdicts = []
-    baselines: dict[str, float] = {}
+    # name -> (tokens/s, ratio to that run's eager, from another run)
+    baselines: dict[str, tuple[float, float | None, bool]] = {}
+    own_eager = _eager_rate(records)
     for name in ("eager", "whole", "whole_padmax"):
         value = (_ok(records, name) or {}).get("tokens_per_s")
         if value:
-            baselines[name] = value
+            baselines[name] = (value, value / own_eager if own_eager else None, False)
             continue
         for peer in sorted(peers, key=lambda r: str(r.get("date", "")), reverse=True):
-            value = (_ok(records_by_variant(peer), name) or {}).get("tokens_per_s")
+            peer_records = records_by_variant(peer)
+            value = (_ok(peer_records, name) or {}).get("tokens_per_s")
             if value:
-                baselines[f"{name} (run of {str(peer.get('date', ''))[:16]})"] = value
+                peer_eager = _eager_rate(peer_records)
+                label = f"{name} (run of {str(peer.get('date', ''))[:16]})"
+                baselines[label] = (value, value / peer_eager if peer_eager else None, True)
                 break
+    target_rate = "real tokens/s ≥ best of eager / no-padding / pad-to-max compile"
     for name in ("callback", "callback_pad"):
         record = _ok(records, name)
         if record is None:
@@ -262,15 +281,25 @@ def _varlen_verdicts(
         verdicts.append(Verdict(workload, f"`{name}`: padding waste ≤ {VARLEN_PADDING_WASTE:.0%}", _percent(waste),
                                 invalid or _verdict(None if waste is None else waste <= VARLEN_PADDING_WASTE)))
         rate = record.get("tokens_per_s")
-        if baselines and rate:
-            best = max(baselines, key=baselines.__getitem__)
-            verdicts.append(Verdict(workload, f"`{name}`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile",
-                                    f"{rate:,.0f} vs {best} {baselines[best]:,.0f}",
-                                    invalid or _verdict(rate >= baselines[best])))
-        else:
-            verdicts.append(Verdict(workload, f"`{name}`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile",
-                                    "–", invalid or NOT_MEASURED))
+        if not (baselines and rate):
+            verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", "–", invalid or NOT_MEASURED))
+            continue
+        best = max(baselines, key=lambda key: baselines[key][0])
+        value, ratio, other_run = baselines[best]
+        measured = f"{rate:,.0f} vs {best} {value:,.0f}"
+        passed = rate >= value
+        verdict = _verdict(passed)
+        if other_run:
+            own_ratio = rate / own_eager if own_eager else None
+            measured += f"; vs own run's eager {_number(own_ratio, '.3f', '×')} against {_number(ratio, '.3f', '×')}"
+            if own_ratio is None or ratio is None or (own_ratio >= ratio) != passed:
+                verdict = INCONCLUSIVE
+        verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or verdict))
     return verdicts
+
+
+def _unanswered(verdict: Verdict) -> bool:
+    return verdict.verdict == NOT_MEASURED or verdict.verdict.startswith(NOT_APPLICABLE)
 
 
 def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:
@@ -284,7 +313,7 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
             if key not in chosen:
                 order.append(key)
                 chosen[key] = (verdict, result)
-            elif chosen[key][0].verdict == NOT_MEASURED and verdict.verdict != NOT_MEASURED:
+            elif _unanswered(chosen[key][0]) and not _unanswered(verdict):
                 chosen[key] = (verdict, result)
     for workload, target in list(order):
         # "`callback_pad`: variable-length targets / not run" says a run lacked the variant; drop it

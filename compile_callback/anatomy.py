@@ -82,6 +82,9 @@ def count_ops(events: Iterable[Any]) -> StepOps:
     region_ops: collections.Counter[str] = collections.Counter()
     library: collections.Counter[str] = collections.Counter()
     prefix = torch_internals.REGION_EVENT_PREFIX
+    events = list(events)
+    # Inductor's own graph-call range (torch >= 2.x): without it, all of AOTAutograd's range counts.
+    graph_calls = any(e.name.startswith(torch_internals.COMPILED_GRAPH_EVENT_PREFIX) for e in events)
     for event in events:
         name = event.name
         if name == torch_internals.GUARD_CHECK_EVENT:
@@ -91,6 +94,7 @@ def count_ops(events: Iterable[Any]) -> StepOps:
         if not name.startswith("aten::"):
             continue
         outermost, compiled, backward, in_step = True, False, False, False
+        innermost_code: str | None = None  # the nearest compiled-code range around the op
         engine: Any = None
         regions: list[str] = []
         parent = event.cpu_parent
@@ -100,6 +104,7 @@ def count_ops(events: Iterable[Any]) -> StepOps:
                 outermost = False
             elif _is_compiled_code(parent_name):
                 compiled = True
+                innermost_code = innermost_code or parent_name
             elif parent_name.startswith(ENGINE_EVENT_PREFIX):
                 if engine is None:
                     engine = parent
@@ -117,7 +122,10 @@ def count_ops(events: Iterable[Any]) -> StepOps:
         if not outermost:
             continue
         if compiled:
-            library[name] += 1
+            # Inside Inductor's graph call: a kernel the compiled code calls. Outside it, in AOTAutograd's
+            # runtime wrapper (views of aliased outputs, copies for mutated inputs): bookkeeping.
+            if innermost_code.startswith(torch_internals.COMPILED_GRAPH_EVENT_PREFIX) or not graph_calls:
+                library[name] += 1
             continue
         if in_backward:
             if engine is not None and not engine.name.endswith(ACCUMULATE_GRAD):
@@ -164,10 +172,14 @@ class StepSampler:
             return False
         if "training_step" in vars(module):
             return False  # someone else replaced training_step on the instance: leave it alone
-        self._profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
-        with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
-            warnings.simplefilter("ignore", UserWarning)
-            self._profiler.start()
+        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
+        try:
+            with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
+                warnings.simplefilter("ignore", UserWarning)
+                profiler.start()
+        except RuntimeError:
+            return False  # the profiler could not start (another one holds it): no sample, training goes on
+        self._profiler = profiler
         training_step = module.training_step
 
         def marked_training_step(*args: Any, **kwargs: Any) -> Any:
@@ -180,7 +192,7 @@ class StepSampler:
         for label, modules in (marked or {}).items():
             for module in modules:
                 self._handles.append(module.register_forward_pre_hook(self._enter(label)))
-                self._handles.append(module.register_forward_hook(self._exit))
+                self._handles.append(module.register_forward_hook(self._exit, always_call=True))
         return True
 
     def _enter(self, label: str):
@@ -266,9 +278,10 @@ class OpAnatomy:
         self.eager: StepOps | None = None  # the fully eager step: the reference of graph coverage
         self.compiled: StepOps | None = None  # the latest sampled step of the current plan
         self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
-        self._sampled_batch = False
+        self._sampled_kind: str | None = None  # what the batch now ending was sampled as
         self._sampled_plan: tuple[Any, ...] | None = None
         self._sampled_epoch = -1
+        self._before_sample: tuple[Any, ...] = (None, None, -1)  # restored if a compiled sample is discarded
 
     def before_batch(
         self,
@@ -285,7 +298,7 @@ class OpAnatomy:
         region in the eager sample; ``graph_counts`` is (graphs, graph breaks) so far."""
         if self.eager is None and eager_step:
             if not any(r.is_compiled for r in regions) and self.sampler.start(module, region_modules()):
-                self._sampling, self._sampled_batch = "eager", True
+                self._sampling = self._sampled_kind = "eager"
         elif compiled_step and self.eager is not None:
             signature = (tuple((r.name, r.compiled_with) for r in regions if r.is_compiled), graph_counts)
             if signature == self._sampled_plan:
@@ -293,17 +306,21 @@ class OpAnatomy:
             if self.compiled is not None and epoch == self._sampled_epoch:
                 return  # the plan or its graphs changed again within this epoch: sampled at the next one
             if self.sampler.start(module):
-                self._sampling, self._sampled_batch = "compiled", True
+                self._sampling = self._sampled_kind = "compiled"
+                self._before_sample = (self.compiled, self._sampled_plan, self._sampled_epoch)
                 self._sampled_plan, self._sampled_epoch = signature, epoch
 
     def backward_started(self) -> None:
         if self._sampling is not None:
             self.sampler.backward_started()
 
-    def backward_ended(self) -> None:
+    def backward_ended(self, *, last: bool) -> None:
+        """``last``: no other backward follows in this batch (automatic optimization), so the sample
+        ends here, before the optimizer step; with manual optimization it ends with the batch."""
         if self._sampling is not None:
             self.sampler.backward_ended()
-            self.end_sample()
+            if last:
+                self.end_sample()
 
     def end_sample(self) -> None:
         kind, self._sampling = self._sampling, None
@@ -315,10 +332,15 @@ class OpAnatomy:
         else:
             self.compiled = ops
 
-    def take_sampled_batch(self) -> bool:
-        """Whether the batch that just ended was sampled (and so is no timed step); resets the flag."""
-        sampled, self._sampled_batch = self._sampled_batch, False
-        return sampled
+    def end_batch(self, *, compiled: bool) -> bool:
+        """Ends the batch's sample, if any; returns whether the batch was sampled (and so is no timed
+        step). ``compiled``: dynamo compiled during the batch, whose tracing ops are no steady-state
+        step's: a compiled sample of such a batch is thrown away and taken again at a later batch."""
+        self.end_sample()
+        kind, self._sampled_kind = self._sampled_kind, None
+        if kind == "compiled" and compiled:
+            self.compiled, self._sampled_plan, self._sampled_epoch = self._before_sample
+        return kind is not None
 
     def metrics(self, regions: Sequence[Any], decisions: Sequence[Any], compiled_ms: float | None) -> dict[str, float | None]:
         """Graph coverage, fallback kernels and guard cost as ``compile/anatomy/*`` scalars."""

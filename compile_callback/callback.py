@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
-from compile_callback.anatomy import OpAnatomy
+from compile_callback.anatomy import OpAnatomy, StepOps
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
@@ -36,7 +37,7 @@ from compile_callback.padding import (
 )
 from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
-from compile_callback.planner import COMPILED, EAGER, PROFILE, AutoPlanner, FixedPlanner
+from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner
 from compile_callback.profile import repeated_block_groups
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
@@ -234,7 +235,7 @@ class CompileCallback(Callback):
         self.log_every_n_steps = log_every_n_steps
         self.report = report
         self.anatomy = anatomy
-        self._anatomy_ops = OpAnatomy(backend)
+        self._anatomy_ops = OpAnatomy(backend)  # made again for each fit, in on_fit_start
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
         self._previous_inductor_cache: str | None = None
@@ -359,6 +360,7 @@ class CompileCallback(Callback):
             options=self.options,
         )
         names = {id(module): name for name, module in pl_module.named_modules()}
+        self._anatomy_ops = OpAnatomy(self.backend)
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
         if self.regions == AUTO:
@@ -388,6 +390,9 @@ class CompileCallback(Callback):
                 regions, compile_options, baseline_steps=self.eager_baseline_steps, warmup_steps=self.warmup_steps
             )
         if self._loaded_state is not None:
+            reference = self._loaded_state.get("anatomy_reference")
+            if reference:  # resumed: the eager reference of graph coverage was sampled before the checkpoint
+                self._anatomy_ops.eager = StepOps(**reference)
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
@@ -443,11 +448,11 @@ class CompileCallback(Callback):
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self._label = self.planner.before_batch(self._batch_index)
-        if self.anatomy and trainer.is_global_zero:
+        if self.anatomy and trainer.is_global_zero and not isinstance(trainer.profiler, PyTorchProfiler):
             totals = self.watch.totals()
             self._anatomy_ops.before_batch(
                 pl_module,
-                eager_step=self._label in (PROFILE, EAGER),
+                eager_step=self._is_eager_reference_step(),
                 compiled_step=self._label == COMPILED,
                 regions=self.planner.regions,
                 epoch=trainer.current_epoch,
@@ -462,8 +467,7 @@ class CompileCallback(Callback):
     ) -> None:
         assert self.planner is not None and self.watch is not None and self.timer is not None
         compiled_now = self.watch.compiled_since_collect
-        sampled = self._anatomy_ops.take_sampled_batch()
-        self._anatomy_ops.end_sample()
+        sampled = self._anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
         self.timer.stop(None if compiled_now or sampled else self._label)
@@ -479,6 +483,14 @@ class CompileCallback(Callback):
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
 
     # -- anatomy sampling ----------------------------------------------------------------------------
+    def _is_eager_reference_step(self) -> bool:
+        """Whether this batch may be graph coverage's eager reference (the first such batch is): not the
+        first batch (its one-time work, e.g. the first ``self.log``, adds ops), not a profiling batch
+        (its hooks copy inputs), and not the only timed baseline batch."""
+        return self._batch_index >= 1 and (
+            self._label == WARMUP or (self._label == EAGER and self.eager_baseline_steps >= 2)
+        )
+
     def _region_modules(self, pl_module: LightningModule) -> dict[str, list[Any]]:
         """The modules whose ops the eager sample counts per region, by region name."""
         if isinstance(self.planner, FixedPlanner):
@@ -498,7 +510,7 @@ class CompileCallback(Callback):
         self._anatomy_ops.backward_started()
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._anatomy_ops.backward_ended()
+        self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.watch is not None:
@@ -533,9 +545,11 @@ class CompileCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # An interrupted or failed run still leaves its report and metrics up to this point.
-        self._anatomy_ops.end_sample()
-        self._finish(trainer, final=False)
-        self._release()  # Lightning calls no teardown hook after an exception
+        try:
+            self._anatomy_ops.end_sample()
+            self._finish(trainer, final=False)
+        finally:
+            self._release()  # Lightning calls no teardown hook after an exception
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -563,6 +577,7 @@ class CompileCallback(Callback):
             "batch_index": self._batch_index,
             "planner": self.planner.state_dict(),
             "watch": self.watch.state_dict(),
+            "anatomy_reference": self._anatomy_ops.eager.as_dict() if self._anatomy_ops.eager else None,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

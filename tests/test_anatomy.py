@@ -122,9 +122,10 @@ def test_sampling_is_rare_and_untimed(tmp_path):
     assert starts == [True, True]
     batches = 3 * 12
     timed = len(callback.timer.samples_ms("eager")) + len(callback.timer.samples_ms("compiled"))
-    # Not timed: the first warm-up batch, the eager sample (the first baseline batch), the batch that
+    # Not timed: the warm-up batch, the eager sample (the first of two baseline batches), the batch that
     # compiles (the warm-up after compiling) and the compiled sample.
     assert timed == batches - 4
+    assert len(callback.timer.samples_ms("eager")) == FAST["eager_baseline_steps"] - 1
 
 
 def test_anatomy_off_reports_none_of_it(tmp_path):
@@ -177,7 +178,7 @@ def test_count_ops_on_a_plain_eager_step():
 def test_a_step_that_raises_while_sampled_leaves_no_profiler_running(tmp_path):
     class Failing(LossInForward):
         def training_step(self, batch, batch_idx):
-            if batch_idx == 1:  # the eager sample (first baseline batch)
+            if batch_idx == 1:  # the eager sample (the second batch)
                 raise RuntimeError("user error")
             return super().training_step(batch, batch_idx)
 
@@ -192,9 +193,9 @@ def test_compile_time_split_equals_torchs_own_accounting(tmp_path, monkeypatch):
     """dynamo's figures nest (its time includes AOTAutograd's, which includes Inductor's forward); the
     split is each stage's own time, computed here straight from torch's compile records."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # cold: every stage runs
-    before = {id(m) for m in torch._dynamo.utils.get_compilation_metrics()}
+    before = list(torch._dynamo.utils.get_compilation_metrics())  # held, so no id is reused
     report = fit(tmp_path, LossInForward(), CompileCallback("model", **FAST))
-    records = [m for m in torch._dynamo.utils.get_compilation_metrics() if id(m) not in before]
+    records = [m for m in torch._dynamo.utils.get_compilation_metrics() if not any(m is b for b in before)]
     us = lambda value: (value or 0) / 1e6  # noqa: E731
     capture = sum(us(m.dynamo_cumulative_compile_time_us) - us(m.aot_autograd_cumulative_compile_time_us)
                   for m in records if m.is_forward is not False)
@@ -208,3 +209,59 @@ def test_compile_time_split_equals_torchs_own_accounting(tmp_path, monkeypatch):
     assert anatomy["inductor_s"] == pytest.approx(inductor, abs=1e-6)
     total = report["summary"]["compile_time_s"]
     assert 0.8 * total <= capture + aot + inductor <= 1.001 * total
+
+
+def test_a_step_that_compiles_is_not_the_compiled_sample(tmp_path):
+    """Without warm-up the first compiled batch is due for sampling, but it compiles: dynamo's tracing
+    would count as eager ops. That sample is thrown away and the next batch sampled instead."""
+    callback = CompileCallback("model", backend="aot_eager", eager_baseline_steps=2, warmup_steps=0)
+    report = fit(tmp_path, LossInForward(), callback)
+    assert report["anatomy"]["graph_coverage"] == 1.0 and report["anatomy"]["eager_ops"] == 0
+
+
+class TwoStepsManual(LossInForward):
+    """Manual optimization with two forward/backward passes per batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        for _ in range(2):
+            loss = self(*batch)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+
+
+def test_manual_optimization_is_sampled_to_the_end_of_the_batch(tmp_path):
+    single = fit(tmp_path / "one", LossInForward(), CompileCallback("model", backend="aot_eager", **FAST))
+    double = fit(tmp_path / "two", TwoStepsManual(), CompileCallback("model", backend="aot_eager", **FAST))
+    # both passes' forward and backward ops are in the reference (plus the optimizer steps, which run
+    # inside training_step under manual optimization and stay eager)
+    assert double["anatomy"]["step_ops"] >= 2 * single["anatomy"]["step_ops"]
+    assert 0 < double["anatomy"]["graph_coverage"] < 1
+    assert double["anatomy"]["eager_ops"] == double["anatomy"]["step_ops"] - 2 * single["anatomy"]["step_ops"]
+
+
+def test_lightnings_pytorch_profiler_is_left_alone(tmp_path):
+    callback = CompileCallback("model", backend="aot_eager", **FAST)
+    report = fit(tmp_path, LossInForward(), callback, profiler="pytorch")
+    assert "graph_coverage" not in report["anatomy"]
+    assert report["summary"]["batches"] == 12
+
+
+def test_resume_keeps_the_eager_reference(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_last=True)
+    first = CompileCallback("model", backend="aot_eager", **FAST)
+    trainer = make_trainer(tmp_path / "a", [first, checkpoint], max_epochs=1, enable_checkpointing=True)
+    trainer.fit(LossInForward(), loader(batch_size=8))
+    second = CompileCallback("model", backend="aot_eager", **FAST)
+    trainer = make_trainer(tmp_path / "b", [second], max_epochs=2)
+    trainer.fit(LossInForward(), loader(batch_size=8), ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    anatomy = second.last_report["anatomy"]
+    assert anatomy["step_ops"] == first.last_report["anatomy"]["step_ops"]
+    assert anatomy["graph_coverage"] == 1.0

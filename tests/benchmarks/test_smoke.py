@@ -254,16 +254,35 @@ def test_varlen_targets():
 
 def test_varlen_baselines_can_come_from_another_run_of_the_workload():
     padded = _result("gpt2_varlen", [
-        {"variant": "eager", "status": "ok", "tokens_per_s": 100.0},
+        {"variant": "eager", "status": "ok", "tokens_per_s": 110.0},
         {"variant": "callback_pad", "status": "ok", "tokens_per_s": 130.0, "recompiles_after_first_epoch": 0,
          "recompiles_per_epoch": [2, 0, 0], "padding_waste": 0.12},
     ])
-    unpadded = {**_result("gpt2_varlen", [{"variant": "whole", "status": "ok", "tokens_per_s": 140.0}]),
+    def unpadded(whole, eager):
+        return {**_result("gpt2_varlen", [{"variant": "eager", "status": "ok", "tokens_per_s": eager},
+                                          {"variant": "whole", "status": "ok", "tokens_per_s": whole}]),
                 "date": "2026-11-29T11:00"}
-    verdicts = {v.target: (v.verdict, v.measured) for v in table.evaluate_targets(padded, [unpadded])}
-    assert verdicts["`callback_pad`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile"] == (
-        table.NOT_MET, "130 vs whole (run of 2026-11-29T11:00) 140")
+
+    target = "`callback_pad`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile"
+    verdicts = {v.target: (v.verdict, v.measured) for v in table.evaluate_targets(padded, [unpadded(140.0, 100.0)])}
+    assert verdicts[target] == (
+        table.NOT_MET, "130 vs whole (run of 2026-11-29T11:00) 140; vs own run's eager 1.182× against 1.400×")
     assert verdicts["`callback_pad`: padding waste ≤ 15%"][0] == table.MET
+    # ahead in tokens/s, behind as a ratio to each run's eager: eager drifted between the runs
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(padded, [unpadded(120.0, 90.0)])}
+    assert verdicts[target] == table.INCONCLUSIVE
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(padded, [unpadded(120.0, 110.0)])}
+    assert verdicts[target] == table.MET
+
+
+def test_a_run_off_the_gpu_does_not_hide_a_gpu_verdict():
+    records = [{"variant": "eager", "status": "ok", "median_ms": 44.0},
+               {"variant": "callback", "status": "ok", "median_ms": 35.0, "compile_s": 20.0, "mfu": 0.4}]
+    add_speedups(records, by_throughput=False)
+    gpu = {**_result("gpt2", records), "date": "2026-11-29T09:00"}
+    cpu = {**_result("gpt2", records, gpu=None), "date": "2026-11-29T12:00"}
+    chosen = {v.target: v.verdict for v, _ in table.best_verdicts([gpu, cpu])}
+    assert chosen["callback never slower than eager"] == table.MET
 
 
 def test_each_target_is_answered_by_the_newest_run_that_measured_it():
