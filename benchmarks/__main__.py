@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--smoke", action="store_true",
         help="tiny models and dynamo's 'eager' backend: checks the harness on CPU in seconds.",
     )
+    parser.add_argument(
+        "--no-cudnn-attention", action="store_true",
+        help="keep scaled_dot_product_attention off cuDNN (flash attention instead) in every workload; "
+        "gpt2_varlen always runs without it.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("steps", "total_steps", "epochs", "planned_steps"):
@@ -215,6 +220,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     failed = False
     for workload_name, variant_names, settings in plans:
         workload = make_workload(workload_name, smoke=args.smoke, device=device, seed=args.seed)
+        if args.no_cudnn_attention:
+            workload.cudnn_attention = False
         result = new_result(args, command, workload, variant_names, settings)
         stem = output_stem(out, workload_name, smoke=args.smoke)
 

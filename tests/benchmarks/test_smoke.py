@@ -304,3 +304,19 @@ def test_each_target_is_answered_by_the_newest_run_that_measured_it():
     assert wall.verdict == table.NOT_MET and wall.measured == "57.0 s vs eager 46.0 s"
     only_old = {v.target: v.verdict for v, _ in table.best_verdicts([old])}
     assert only_old["first 1000 steps wall time ≤ best anchor's"] == table.NOT_MEASURED
+
+
+def test_cudnn_attention_is_off_while_a_workload_asks_and_restored_after(monkeypatch):
+    import torch
+
+    from benchmarks import runner
+    from benchmarks.workloads import make_workload
+
+    seen = []
+    monkeypatch.setattr(runner, "_run_variants", lambda *args: seen.append(torch.backends.cuda.cudnn_sdp_enabled()) or [])
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    for name in ("gpt2_varlen", "gpt2"):
+        workload = make_workload(name, smoke=True, device=torch.device("cpu"))
+        runner.run_workload(workload, ["eager"], settings=None)
+    assert seen == [False, before]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
