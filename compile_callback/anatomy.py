@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -161,6 +162,7 @@ class StepSampler:
         self._handles: list[RemovableHandle] = []
         self._open: list[Any] = []
         self._module: nn.Module | None = None
+        self.processing_seconds = 0.0  # host time spent stopping the profiler and counting its events
 
     @property
     def active(self) -> bool:
@@ -231,8 +233,11 @@ class StepSampler:
             del self._module.training_step  # the class's method again
             self._module = None
         profiler, self._profiler = self._profiler, None
+        started = time.perf_counter()
         profiler.stop()
-        return count_ops(profiler.events())
+        ops = count_ops(profiler.events())
+        self.processing_seconds += time.perf_counter() - started
+        return ops
 
 
 def graph_coverage(eager_now: int, eager_reference: int) -> float | None:
@@ -362,6 +367,7 @@ class OpAnatomy:
             telemetry.ANATOMY_GUARD_CHECKS: float(now.guard_checks),
             telemetry.ANATOMY_GUARD_US_PER_CALL: now.guard_us / now.guard_checks if now.guard_checks else None,
             telemetry.ANATOMY_GUARD_SHARE: now.guard_us / (compiled_ms * 1e3) if compiled_ms else None,
+            telemetry.ANATOMY_SAMPLING_S: self.sampler.processing_seconds,
         }
         for name, coverage in self.region_coverage(regions, decisions).items():
             values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage

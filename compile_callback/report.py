@@ -151,6 +151,7 @@ ANATOMY_ROWS = (
     ("guard time per check (us)", "guard_us_per_call", ".1f"),
     ("guard time, share of the step", "guard_share", ".2%"),
     ("guard time per check at compile, torch's own figure (us)", "guard_latency_us_at_compile", ".1f"),
+    ("host time spent processing the sampled steps' profiles (s)", "sampling_s", ".2f"),
     ("compile: dynamo capture (s)", "dynamo_s", ".1f"),
     ("compile: AOTAutograd (s)", "aot_autograd_s", ".1f"),
     ("compile: Inductor (s)", "inductor_s", ".1f"),

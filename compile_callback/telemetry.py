@@ -43,6 +43,7 @@ ANATOMY_FALLBACK_CALLS = "compile/anatomy/fallback_calls"
 ANATOMY_GUARD_CHECKS = "compile/anatomy/guard_checks"
 ANATOMY_GUARD_US_PER_CALL = "compile/anatomy/guard_us_per_call"
 ANATOMY_GUARD_SHARE = "compile/anatomy/guard_share"
+ANATOMY_SAMPLING_S = "compile/anatomy/sampling_s"
 
 
 def region_tag(name: str) -> str:
@@ -89,6 +90,7 @@ def custom_scalars_layout() -> dict[str, Any]:
             "graph and backend coverage": ["Multiline", [ANATOMY_GRAPH_COVERAGE, ANATOMY_BACKEND_COVERAGE]],
             "ops run eagerly (of the eager step's)": ["Multiline", [ANATOMY_EAGER_OPS, ANATOMY_STEP_OPS]],
             "fallback kernel calls per step": ["Multiline", [ANATOMY_FALLBACK_CALLS]],
+            "cost of measuring the anatomy (s)": ["Multiline", [ANATOMY_SAMPLING_S]],
             "guard checks: us per call, share of step": [
                 "Multiline", [ANATOMY_GUARD_US_PER_CALL, ANATOMY_GUARD_SHARE]
             ],

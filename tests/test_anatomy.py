@@ -68,6 +68,7 @@ def test_fully_captured_model_has_coverage_one(tmp_path):
     assert anatomy["step_ops"] > 10  # the eager reference step: forward, loss and backward ops
     assert anatomy["region_graph_coverage"] == {"model": 1.0}
     assert anatomy["guard_checks"] >= 1 and anatomy["guard_us_per_call"] > 0
+    assert 0 < anatomy["sampling_s"] < 1.0  # two small profiles
 
 
 def test_graph_break_leaves_its_ops_eager(tmp_path):
