@@ -236,6 +236,7 @@ class CompileCallback(Callback):
         self.report = report
         self.anatomy = anatomy
         self._anatomy_ops = OpAnatomy(backend)  # made again for each fit, in on_fit_start
+        self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
         self._previous_inductor_cache: str | None = None
@@ -361,6 +362,8 @@ class CompileCallback(Callback):
         )
         names = {id(module): name for name, module in pl_module.named_modules()}
         self._anatomy_ops = OpAnatomy(self.backend)
+        planned = trainer.estimated_stepping_batches
+        self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
         if self.regions == AUTO:
@@ -692,6 +695,10 @@ class CompileCallback(Callback):
             telemetry.ANATOMY_CACHE_HIT_RATE: hits / (hits + misses) if hits + misses else None,
             # Steps of the current plan needed to repay every second spent compiling.
             telemetry.ANATOMY_BREAK_EVEN_STEPS: compile_s * 1e3 / saved_ms if saved_ms and saved_ms > 0 else None,
+            # Over the planned run (trainer.estimated_stepping_batches): every batch at today's speeds.
+            telemetry.ANATOMY_PROJECTED_SAVING_S: (
+                self._planned_batches * saved_ms / 1e3 - compile_s if saved_ms and self._planned_batches else None
+            ),
             telemetry.ANATOMY_VERIFICATION_PASS_RATE: (
                 sum(1 for d in verified if not d.reason.startswith("numerics")) / len(verified) if verified else None
             ),
@@ -705,6 +712,11 @@ class CompileCallback(Callback):
             "compile_split": "exclusive",  # each stage's own time (see watch.py)
             **self._anatomy_ops.details(self.planner.regions, self.planner.decisions),
         }
+        verified = [d for d in self.planner.decisions if d.max_rel_error is not None]
+        if verified:
+            worst = max(verified, key=lambda d: d.max_rel_error)
+            details["worst_rel_error"] = {"error": worst.max_rel_error, "region": worst.region, "mode": worst.mode,
+                                          "kept": worst.kept}
         latencies = [us for stats in self.watch.stats.values() for us in stats.guard_latencies_us]
         if latencies:
             # torch's own figure: one guard evaluation timed right after each compile (cold caches).

@@ -157,6 +157,7 @@ ANATOMY_ROWS = (
     ("compile: Inductor (s)", "inductor_s", ".1f"),
     ("compile cache hit rate", "cache_hit_rate", ".0%"),
     ("break-even (steps until compiling has paid for itself)", "break_even_steps", ".0f"),
+    ("projected saving over the planned run, compile time paid (s)", "projected_saving_s", ".1f"),
     ("verification pass rate", "verification_pass_rate", ".0%"),
 )
 
@@ -172,6 +173,10 @@ def _anatomy_markdown(anatomy: dict[str, Any]) -> list[str]:
         kernels = anatomy.get(key) or {}
         if kernels:
             out.append(f"| {title} | " + ", ".join(f"`{name}` x{n}" for name, n in kernels.items()) + " |")
+    worst = anatomy.get("worst_rel_error")
+    if worst:
+        out.append(f"| worst verified max relative error | {worst['error']:.1e} in `{worst['region']}` ({worst['mode']}"
+                   f"{', kept' if worst['kept'] else ', reverted'}) |")
     for name, coverage in (anatomy.get("region_graph_coverage") or {}).items():
         out.append(f"| graph coverage of `{name}` | {_fmt(coverage, '.1%')} |")
     out.append("")

@@ -34,6 +34,7 @@ ANATOMY_AOT_AUTOGRAD_S = "compile/anatomy/aot_autograd_s"
 ANATOMY_INDUCTOR_S = "compile/anatomy/inductor_s"
 ANATOMY_CACHE_HIT_RATE = "compile/anatomy/cache_hit_rate"
 ANATOMY_BREAK_EVEN_STEPS = "compile/anatomy/break_even_steps"
+ANATOMY_PROJECTED_SAVING_S = "compile/anatomy/projected_saving_s"
 ANATOMY_VERIFICATION_PASS_RATE = "compile/anatomy/verification_pass_rate"
 ANATOMY_GRAPH_COVERAGE = "compile/anatomy/graph_coverage"
 ANATOMY_EAGER_OPS = "compile/anatomy/eager_ops"
@@ -86,6 +87,7 @@ def custom_scalars_layout() -> dict[str, Any]:
             "compile time split (s)": ["Multiline", [ANATOMY_DYNAMO_S, ANATOMY_AOT_AUTOGRAD_S, ANATOMY_INDUCTOR_S]],
             "cache hit rate": ["Multiline", [ANATOMY_CACHE_HIT_RATE]],
             "break-even (steps)": ["Multiline", [ANATOMY_BREAK_EVEN_STEPS]],
+            "projected saving over the run (s)": ["Multiline", [ANATOMY_PROJECTED_SAVING_S]],
             "verification pass rate": ["Multiline", [ANATOMY_VERIFICATION_PASS_RATE]],
             "graph and backend coverage": ["Multiline", [ANATOMY_GRAPH_COVERAGE, ANATOMY_BACKEND_COVERAGE]],
             "ops run eagerly (of the eager step's)": ["Multiline", [ANATOMY_EAGER_OPS, ANATOMY_STEP_OPS]],

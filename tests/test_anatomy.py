@@ -69,6 +69,9 @@ def test_fully_captured_model_has_coverage_one(tmp_path):
     assert anatomy["region_graph_coverage"] == {"model": 1.0}
     assert anatomy["guard_checks"] >= 1 and anatomy["guard_us_per_call"] > 0
     assert 0 < anatomy["sampling_s"] < 1.0  # two small profiles
+    summary = report["summary"]
+    saved_ms = summary["eager_step_time_ms"] - summary["step_time_ms"]
+    assert anatomy["projected_saving_s"] == pytest.approx(12 * saved_ms / 1e3 - summary["compile_time_s"], rel=1e-6)
 
 
 def test_graph_break_leaves_its_ops_eager(tmp_path):

@@ -81,6 +81,11 @@ def test_region_with_wrong_numerics_is_reverted(tmp_path):
     assert not decision["kept"]
     assert decision["reason"].startswith("numerics differ from eager: max relative error")
     assert not torch_internals.is_module_compiled(model)
+    anatomy = report["anatomy"]
+    assert anatomy["verification_pass_rate"] == 0.0
+    assert anatomy["worst_rel_error"] == {"error": decision["max_rel_error"], "region": decision["region"],
+                                          "mode": decision["mode"], "kept": False}
+    assert decision["max_rel_error"] > 1e-3
 
 
 def test_region_whose_compile_raises_is_reverted_and_training_continues(tmp_path):
