@@ -57,6 +57,10 @@ VARIANTS = {
         Variant("per_block", "Lightning, .compile() of each repeated block", compile="per_block"),
         Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
         Variant("callback_pad", "Lightning, CompileCallback(pad='auto')", callback={"pad": "auto"}),
+        Variant(
+            "callback_pad6", "Lightning, CompileCallback(pad='auto', pad_max_buckets=6)",
+            callback={"pad": "auto", "pad_max_buckets": 6},
+        ),
     )
 }
 

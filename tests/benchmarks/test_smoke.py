@@ -320,3 +320,12 @@ def test_cudnn_attention_is_off_while_a_workload_asks_and_restored_after(monkeyp
         runner.run_workload(workload, ["eager"], settings=None)
     assert seen == [False, before]
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+def test_varlen_runs_its_default_variants_unless_asked_for_others():
+    from benchmarks.workloads import DEFAULT_VARIANTS
+
+    assert select_variants(VARIANTS["gpt2_varlen"], None, "gpt2_varlen", DEFAULT_VARIANTS["gpt2_varlen"]) == [
+        "eager", "whole", "whole_padmax", "callback", "callback_pad"]
+    assert select_variants(VARIANTS["gpt2_varlen"], ["per_block"], "gpt2_varlen", DEFAULT_VARIANTS["gpt2_varlen"]) == [
+        "eager", "per_block"]
