@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
+from compile_callback.timing import elapsed_ms, time_mark
 
 H200_PEAK_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak of an H100/H200 SXM, as in SPEC.md
 
@@ -79,7 +80,7 @@ class StepMeter:
         self.count_tokens = count_tokens
         self.steps = 0
         self._started_at: Any = None
-        self._spans: list[Any] = []  # (start event, end event) on CUDA, milliseconds on CPU
+        self._spans: list[tuple[Any, Any]] = []  # (start, end) time marks of each step
         self._tokens: list[TokenCount] = []
         self._wall_s: dict[int, float] = {}
         self._recompiles_at_epoch_end: list[int] = []
@@ -92,23 +93,13 @@ class StepMeter:
         self._t0 = time.perf_counter()
 
     def step_start(self) -> None:
-        if self.use_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._started_at = event
-        else:
-            self._started_at = time.perf_counter()
+        self._started_at = time_mark(self.use_events)
 
     def step_end(self, *, batch: Any = None, loss: torch.Tensor | None = None) -> bool:
         """Ends the step begun by :meth:`step_start`; True when the variant has run all its steps."""
         if self._started_at is None:
             return self.steps >= self.total_steps
-        if self.use_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._spans.append((self._started_at, event))
-        else:
-            self._spans.append((time.perf_counter() - self._started_at) * 1e3)
+        self._spans.append((self._started_at, time_mark(self.use_events)))
         self._started_at = None
         self.steps += 1
         if self.count_tokens is not None and batch is not None:
@@ -126,9 +117,7 @@ class StepMeter:
 
     def step_ms(self) -> list[float]:
         synchronize(self.device)
-        if self.use_events:
-            return [start.elapsed_time(end) for start, end in self._spans]
-        return list(self._spans)
+        return [elapsed_ms(start, end) for start, end in self._spans]
 
     def result(self) -> dict[str, Any]:
         """Step-time statistics over the steady window, wall times, tokens and recompiles per epoch."""

@@ -10,13 +10,14 @@ replays later.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from compile_callback.timing import elapsed_ms, time_mark
 
 BACKWARD_TO_FORWARD = 2.0
 
@@ -66,11 +67,7 @@ class RegionProfiler:
         self.rerouted: set[str] = set()  # modules whose forward the strategy patched (DDP's redirection)
 
     def _now(self) -> Any:
-        if self.use_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return time_mark(self.use_events)
 
     def attach(self) -> None:
         for name, module in self.modules.items():
@@ -109,7 +106,7 @@ class RegionProfiler:
         for name in self.modules:
             total = 0.0
             for start, end in self._spans.get(name, []):
-                total += start.elapsed_time(end) if self.use_events else (end - start) * 1e3
+                total += elapsed_ms(start, end)
             totals[name] = total / steps
         return totals
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict, deque
+from typing import Any
 
 import torch
 
@@ -36,24 +37,18 @@ class StepTimer:
         self._started: object | None = None
 
     def start(self) -> None:
-        if self.use_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._started = event
-        else:
-            self._started = time.perf_counter()
+        self._started = time_mark(self.use_events)
 
     def stop(self, label: str | None) -> None:
         """Ends the step begun by :meth:`start`; ``label=None`` discards it (e.g. a step that compiled)."""
         started, self._started = self._started, None
         if started is None or label is None:
             return
+        end = time_mark(self.use_events)
         if self.use_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._pending.append((label, started, event))
+            self._pending.append((label, started, end))
         else:
-            self._samples[label].append((time.perf_counter() - started) * 1e3)
+            self._samples[label].append(elapsed_ms(started, end))
 
     def _drain(self, *, wait: bool = False) -> None:
         while self._pending:
@@ -63,7 +58,7 @@ class StepTimer:
             if wait:
                 end.synchronize()  # type: ignore[attr-defined]
             self._pending.popleft()
-            self._samples[label].append(start.elapsed_time(end))  # type: ignore[attr-defined]
+            self._samples[label].append(elapsed_ms(start, end))
 
     def samples_ms(self, label: str, *, wait: bool = False) -> list[float]:
         """Completed samples for ``label`` in milliseconds; ``wait=True`` waits for pending ones."""
@@ -79,6 +74,23 @@ class StepTimer:
     def count(self, label: str) -> int:
         return len(self._samples.get(label, ())) + sum(1 for item in self._pending if item[0] == label)
 
+
+
+def time_mark(use_events: bool) -> Any:
+    """Now: a CUDA event recorded on the current stream (read later, so no host sync), or
+    ``perf_counter`` seconds on CPU, where the work is synchronous."""
+    if use_events:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def elapsed_ms(start: Any, end: Any) -> float:
+    """Milliseconds between two :func:`time_mark` results (waits for CUDA events to complete)."""
+    if isinstance(start, float):
+        return (end - start) * 1e3
+    return start.elapsed_time(end)
 
 
 def summarize(samples: list[float]) -> dict[str, float]:
