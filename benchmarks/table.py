@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured", "n/a"

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 import torchvision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, random_split
+from torch.utils.data import Dataset, random_split
 
-from recipes.data import make_loader
+from recipes.data import SplitDataModule
 from torchvision.transforms.v2 import functional as TF
 
 from recipes.config import CVDataConfig, CVModelConfig, OptimConfig
@@ -196,7 +196,7 @@ def collate_images(samples: Sequence[dict[str, torch.Tensor | int]]) -> dict[str
     return {"images": torch.stack(images), "labels": labels}
 
 
-class CVDataModule(L.LightningDataModule):
+class CVDataModule(SplitDataModule):
     """Train and validation images, split at random (fixed by ``seed``) by ``val_fraction``.
 
     Args:
@@ -208,13 +208,12 @@ class CVDataModule(L.LightningDataModule):
         >>> data = CVDataModule(CVDataConfig(variable_sizes=True), num_classes=10, seed=0)
     """
 
+    collate = staticmethod(collate_images)
+
     def __init__(self, config: CVDataConfig, *, num_classes: int, seed: int) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.num_classes = num_classes
         self.seed = seed
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
 
     def setup(self, stage: str) -> None:
         if self.train_set is not None:
@@ -241,13 +240,3 @@ class CVDataModule(L.LightningDataModule):
             f"CV data: {config.source}, {len(self.train_set):,} training and {len(self.val_set):,} validation "
             f"images, {sizes}."
         )
-
-    def _loader(self, dataset: Dataset | None, *, shuffle: bool) -> DataLoader:
-        return make_loader(dataset, batch_size=self.config.batch_size, num_workers=self.config.num_workers,
-                           shuffle=shuffle, collate_fn=collate_images)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)

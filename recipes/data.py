@@ -1,24 +1,45 @@
-"""What both recipes' data modules share: how a DataLoader is made from their config."""
+"""What both recipes' data modules share: a train/validation split and how its DataLoaders are made."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 
-def make_loader(dataset: Dataset | None, *, batch_size: int, num_workers: int, shuffle: bool,
-                collate_fn: Callable[[list[Any]], Any]) -> DataLoader:
-    """A loader with the recipes' settings: workers kept alive between epochs, pinned memory on CUDA."""
-    assert dataset is not None, "call setup() first"
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        pin_memory=torch.cuda.is_available(),
-    )
+class SplitDataModule(L.LightningDataModule):
+    """A DataModule whose ``setup`` fills ``train_set`` and ``val_set``; subclasses set ``collate``.
+
+    Loaders use the config's ``batch_size`` and ``num_workers``, keep workers alive between epochs and
+    pin memory on CUDA.
+    """
+
+    collate: Callable[[list[Any]], Any]
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def _loader(self, dataset: Dataset | None, *, shuffle: bool) -> DataLoader:
+        assert dataset is not None, "call setup() first"
+        workers = self.config.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.config.batch_size,
+            shuffle=shuffle,
+            collate_fn=type(self).collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)

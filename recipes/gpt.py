@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from recipes.data import make_loader
+from recipes.data import SplitDataModule
 
 from recipes.config import IGNORE_INDEX, GPTDataConfig, GPTModelConfig, OptimConfig
 from recipes.optim import build_adamw, clips_gradients_under_mixed_precision
@@ -313,7 +313,7 @@ def pad_collate(samples: Sequence[dict[str, torch.Tensor]], *, pad_id: int = PAD
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
-class GPTDataModule(L.LightningDataModule):
+class GPTDataModule(SplitDataModule):
     """Train and validation sets of bytes: the last ``val_fraction`` of the text is for validation.
 
     Args:
@@ -325,12 +325,11 @@ class GPTDataModule(L.LightningDataModule):
         >>> data.setup("fit"); batch = next(iter(data.train_dataloader()))
     """
 
+    collate = staticmethod(pad_collate)
+
     def __init__(self, config: GPTDataConfig, *, seed: int) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.seed = seed
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
 
     def setup(self, stage: str) -> None:
         if self.train_set is not None:
@@ -357,15 +356,6 @@ class GPTDataModule(L.LightningDataModule):
             f"{len(self.train_set):,} training and {len(self.val_set):,} validation samples ({config.mode})."
         )
 
-    def _loader(self, dataset: Dataset | None, *, shuffle: bool) -> DataLoader:
-        return make_loader(dataset, batch_size=self.config.batch_size, num_workers=self.config.num_workers,
-                           shuffle=shuffle, collate_fn=pad_collate)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
 
 
 __all__ = [
