@@ -38,7 +38,6 @@ from compile_callback.padding import (
 from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner
-from compile_callback.profile import repeated_block_groups
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, summarize
@@ -460,7 +459,7 @@ class CompileCallback(Callback):
                 regions=self.planner.regions,
                 epoch=trainer.current_epoch,
                 graph_counts=(totals["graphs"], totals["graph_breaks"]),
-                region_modules=lambda: self._region_modules(pl_module),
+                region_modules=self.planner.region_modules,
             )
         self._host_start = time.perf_counter()
         self.timer.start()
@@ -493,21 +492,6 @@ class CompileCallback(Callback):
         return self._batch_index >= 1 and (
             self._label == WARMUP or (self._label == EAGER and self.eager_baseline_steps >= 2)
         )
-
-    def _region_modules(self, pl_module: LightningModule) -> dict[str, list[Any]]:
-        """The modules whose ops the eager sample counts per region, by region name."""
-        if isinstance(self.planner, FixedPlanner):
-            return {region.name: list(region.modules) for region in self.planner.regions}
-        named = dict(pl_module.named_modules())
-        labels: dict[str, list[Any]] = {MODEL: [pl_module]}
-        grouped: set[str] = set()
-        for pattern, members in repeated_block_groups(pl_module).items():
-            labels[pattern] = [named[name] for name in members]
-            grouped.update(members)
-        for name, child in pl_module.named_children():
-            if not any(member == name or member.startswith(name + ".") for member in grouped):
-                labels[name] = [child]
-        return labels
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self._anatomy_ops.backward_started()

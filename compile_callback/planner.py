@@ -97,6 +97,10 @@ class FixedPlanner:
         """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
         compile_region(region, options, on_error=self._failed)
 
+    def region_modules(self) -> dict[str, list[nn.Module]]:
+        """The named regions, by name, with their modules."""
+        return {region.name: list(region.modules) for region in self.regions}
+
     def state_dict(self) -> dict[str, Any]:
         return {"applied": self.applied, "decisions": [d.as_dict() for d in self.decisions]}
 
@@ -116,6 +120,19 @@ def mark_failed(decisions: list[Decision], region: Region, error: BaseException)
 
 
 PROFILE = "profile"
+
+
+def candidate_regions(root: nn.Module) -> dict[str, list[str]]:
+    """The regions the auto planner may try, ``name -> module names`` (``""`` is the root): the whole
+    model, each group of repeated blocks (``"blocks.*"``) and each top-level child outside them."""
+    regions: dict[str, list[str]] = {MODEL: [""]}
+    groups = repeated_block_groups(root)
+    regions.update(groups)
+    grouped = {member for members in groups.values() for member in members}
+    for name, _ in root.named_children():
+        if not any(member == name or member.startswith(name + ".") for member in grouped):
+            regions[name] = [name]
+    return regions
 MIN_SHARE = 0.05  # submodules under 5% of the eager forward are not worth a compile of their own
 
 
@@ -363,19 +380,25 @@ class AutoPlanner:
 
     # -- pieces ---------------------------------------------------------------------------------------
     def _candidate_modules(self) -> dict[str, nn.Module]:
+        """What profiling times: every module of a candidate region, and every top-level child (their
+        sum is the step's forward time when training_step does not call the root)."""
         named = dict(self.root.named_modules())
-        modules = {"": self.root}
-        for members in repeated_block_groups(self.root).values():
-            modules.update({name: named[name] for name in members})
+        modules = {name: named[name] for names in candidate_regions(self.root).values() for name in names}
         for name, child in self.root.named_children():
             modules.setdefault(name, child)
         return modules
+
+    def region_modules(self) -> dict[str, list[nn.Module]]:
+        """The regions this planner may decide on, by name, with their modules."""
+        named = dict(self.root.named_modules())
+        return {region: [named[name] for name in names] for region, names in candidate_regions(self.root).items()}
 
     def _candidates(self, modules: dict[str, nn.Module]) -> list[Candidate]:
         assert self.profiler is not None
         forward = self.profiler.forward_ms()
         total = forward.get("") or sum(v for k, v in forward.items() if k and "." not in k) or 1e-9
         named = dict(self.root.named_modules())
+        regions = candidate_regions(self.root)
         candidates: list[Candidate] = []
         if "" in self.profiler.rerouted:
             # Compiling the root would also compile the strategy's rerouted training_step (logging,
@@ -385,18 +408,16 @@ class AutoPlanner:
             candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0))
         else:
             self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")
-        grouped: set[str] = set()
-        for pattern, members in repeated_block_groups(self.root).items():
-            ms = sum(forward.get(name, 0.0) for name in members)
-            grouped.update(members)
-            candidates.append(Candidate(Region(pattern, members, [named[n] for n in members]), ms, ms / total))
-        for name, child in self.root.named_children():
-            if any(member.startswith(name + ".") or member == name for member in grouped):
+        for region, members in regions.items():
+            if region == MODEL:
                 continue
-            ms = forward.get(name, 0.0)
-            has_params = any(p.requires_grad for p in child.parameters())
-            if ms / total >= MIN_SHARE and name in self.profiler.held_inputs and (has_params or ms > 0):
-                candidates.append(Candidate(Region(name, [name], [child]), ms, ms / total))
+            ms = sum(forward.get(name, 0.0) for name in members)
+            if region in members:  # a top-level child: worth a compile of its own only when hot
+                child = named[region]
+                has_params = any(p.requires_grad for p in child.parameters())
+                if not (ms / total >= MIN_SHARE and region in self.profiler.held_inputs and (has_params or ms > 0)):
+                    continue
+            candidates.append(Candidate(Region(region, members, [named[n] for n in members]), ms, ms / total))
         return candidates
 
     def _order(self, candidates: list[Candidate]) -> list[Candidate]:
