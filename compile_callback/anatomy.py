@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -287,6 +287,7 @@ class OpAnatomy:
         self._sampled_plan: tuple[Any, ...] | None = None
         self._sampled_epoch = -1
         self._before_sample: tuple[Any, ...] = (None, None, -1)  # restored if a compiled sample is discarded
+        self._kernels: tuple[StepOps | None, tuple[dict[str, int], dict[str, int]]] = (None, ({}, {}))
 
     def before_batch(
         self,
@@ -296,20 +297,21 @@ class OpAnatomy:
         compiled_step: bool,
         regions: Sequence[Any],
         epoch: int,
-        graph_counts: tuple[int, int],
-        region_modules: Any,
+        graph_counts: Callable[[], tuple[int, int]],
+        region_modules: Callable[[], dict[str, Sequence[nn.Module]]],
     ) -> None:
         """Starts sampling this batch if it is due. ``region_modules()`` gives the modules to mark per
-        region in the eager sample; ``graph_counts`` is (graphs, graph breaks) so far."""
+        region in the eager sample; ``graph_counts()`` the (graphs, graph breaks) so far. Both are only
+        called when a sample may be due, so a steady step costs a few comparisons."""
         if self.eager is None and eager_step:
             if not any(r.is_compiled for r in regions) and self.sampler.start(module, region_modules()):
                 self._sampling = self._sampled_kind = "eager"
         elif compiled_step and self.eager is not None:
-            signature = (tuple((r.name, r.compiled_with) for r in regions if r.is_compiled), graph_counts)
+            if self.compiled is not None and epoch == self._sampled_epoch:
+                return  # sampled this epoch already: a change since is sampled at the next one
+            signature = (tuple((r.name, r.compiled_with) for r in regions if r.is_compiled), graph_counts())
             if signature == self._sampled_plan:
                 return
-            if self.compiled is not None and epoch == self._sampled_epoch:
-                return  # the plan or its graphs changed again within this epoch: sampled at the next one
             if self.sampler.start(module):
                 self._sampling = self._sampled_kind = "compiled"
                 self._before_sample = (self.compiled, self._sampled_plan, self._sampled_epoch)
@@ -352,7 +354,7 @@ class OpAnatomy:
         now, reference = self.compiled, self.eager
         if now is None or reference is None or self.backend == "eager":
             return {}
-        fallbacks, _ = split_library_calls(now.library_calls)
+        fallbacks, _ = self.kernels()
         moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs
         # Kernels replayed from a CUDA graph leave no op events: what they fall back on cannot be seen.
         inductor = self.backend == "inductor" and not uses_cuda_graphs(regions)
@@ -373,6 +375,12 @@ class OpAnatomy:
             values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage
         return values
 
+    def kernels(self) -> tuple[dict[str, int], dict[str, int]]:
+        """The compiled sample's library calls split into (fallbacks, library kernels), once per sample."""
+        if self.compiled is not None and self._kernels[0] is not self.compiled:
+            self._kernels = (self.compiled, split_library_calls(self.compiled.library_calls))
+        return self._kernels[1]
+
     def region_coverage(self, regions: Sequence[Any], decisions: Sequence[Any]) -> dict[str, float | None]:
         """Graph coverage per region decided on: 0 for a region that runs eager."""
         if self.compiled is None or self.eager is None or self.backend == "eager":
@@ -392,7 +400,7 @@ class OpAnatomy:
         """What the scalars summarize, for the report: kernels by name, eager ops by name, per region."""
         details: dict[str, Any] = {}
         if self.compiled is not None and self.eager is not None and self.backend != "eager":
-            fallbacks, extern = split_library_calls(self.compiled.library_calls)
+            fallbacks, extern = self.kernels()
             if uses_cuda_graphs(regions):
                 details["kernels_note"] = (
                     "CUDA graphs (reduce-overhead) replay their kernels without op events: the kernels "

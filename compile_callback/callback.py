@@ -451,14 +451,14 @@ class CompileCallback(Callback):
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self._label = self.planner.before_batch(self._batch_index)
         if self.anatomy and trainer.is_global_zero and not isinstance(trainer.profiler, PyTorchProfiler):
-            totals = self.watch.totals()
+            watch = self.watch
             self._anatomy_ops.before_batch(
                 pl_module,
                 eager_step=self._is_eager_reference_step(),
                 compiled_step=self._label == COMPILED,
                 regions=self.planner.regions,
                 epoch=trainer.current_epoch,
-                graph_counts=(totals["graphs"], totals["graph_breaks"]),
+                graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
         self._host_start = time.perf_counter()
