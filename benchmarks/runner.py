@@ -26,6 +26,7 @@ from benchmarks.variants import (
     VARIANTS,
     Variant,
     apply_compile,
+    apply_progress_bar_loss,
     callback_options,
     compile_kwargs,
     make_callback,
@@ -173,6 +174,7 @@ def _train_and_measure(
     with torch.device(device):
         module = workload.build_module()
     module.load_state_dict(state)
+    apply_progress_bar_loss(variant, module)
     loader = workload.train_loader(settings.epoch_steps or settings.total_steps, pad_to_max=variant.pad_to_max)
     meter = StepMeter(
         device,

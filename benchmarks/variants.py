@@ -29,6 +29,8 @@ class Variant:
         mode: ``torch.compile`` mode for ``compile`` (None: default).
         pad_to_max: batches padded to the model's context length (one shape, one graph).
         callback: keyword arguments of ``CompileCallback`` (None: no callback).
+        progress_bar_loss: the module logs its training loss with ``prog_bar=True``, which makes Lightning
+            read it on the host after every batch (a host sync per step); GPT workloads only.
     """
 
     name: str
@@ -38,6 +40,7 @@ class Variant:
     mode: str | None = None
     pad_to_max: bool = False
     callback: dict[str, Any] | None = None
+    progress_bar_loss: bool = False
 
 
 VARIANTS = {
@@ -56,6 +59,16 @@ VARIANTS = {
         ),
         Variant("per_block", "Lightning, .compile() of each repeated block", compile="per_block"),
         Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
+        # The same three with the training loss in the progress bar: a host sync after every batch.
+        Variant("eager_pbar", "Lightning, eager, loss logged with prog_bar=True", progress_bar_loss=True),
+        Variant(
+            "whole_pbar", "Lightning, whole model, loss logged with prog_bar=True", compile="whole",
+            progress_bar_loss=True,
+        ),
+        Variant(
+            "callback_pbar", "Lightning, CompileCallback() defaults, loss logged with prog_bar=True", callback={},
+            progress_bar_loss=True,
+        ),
         Variant("callback_pad", "Lightning, CompileCallback(pad='auto')", callback={"pad": "auto"}),
         Variant(
             "callback_pad6", "Lightning, CompileCallback(pad='auto', pad_max_buckets=6)",
@@ -70,6 +83,18 @@ SMOKE_BACKEND = "eager"
 SMOKE_CALLBACK_OPTIONS = {
     "backend": SMOKE_BACKEND, "eager_baseline_steps": 2, "warmup_steps": 1, "trial_steps": 2, "max_trials": 2,
 }
+
+
+def apply_progress_bar_loss(variant: Variant, module: nn.Module) -> None:
+    """Makes ``module`` log its training loss to the progress bar, as the variant asks."""
+    if not variant.progress_bar_loss:
+        return
+    if not hasattr(module, "train_loss_in_progress_bar"):
+        raise ValueError(
+            f"variant {variant.name!r} needs a module with a `train_loss_in_progress_bar` switch (the recipes' "
+            f"GPTModule and CVModule); {type(module).__name__} has none: run it on a GPT workload."
+        )
+    module.train_loss_in_progress_bar = True
 
 
 def skip_reason(variant: Variant) -> str | None:

@@ -36,7 +36,7 @@ VARLEN_LENGTHS = 12
 
 FIXED_VARIANTS = ("bare_eager", "eager", "whole", "per_block", "callback")
 VARIANTS = {
-    "gpt2": FIXED_VARIANTS,
+    "gpt2": (*FIXED_VARIANTS, "eager_pbar", "whole_pbar", "callback_pbar"),
     "resnet50": FIXED_VARIANTS,
     # CUDA graphs are what pays on this launch-bound step (SPEC anchor: reduce-overhead 3.57x).
     "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),

@@ -20,6 +20,12 @@ before anything was compiled). The unit is the outermost ATen op as eager PyTorc
 same on both sides; S = 1 means nothing of the model's forward and backward runs outside a graph.
 Per region, forward ops are attributed by profiler ranges around the region's calls and backward ops by
 autograd's sequence numbers, which link a backward node to the forward op that made it.
+
+Host syncs: ``aten::_local_scalar_dense`` is what ``.item()``, ``float()``, ``int()`` and ``bool()`` of a
+tensor run; on a GPU the host waits there until the device has caught up, and the device then idles
+while the host prepares the next work. They are counted inside the sampled step and, by a second short
+profile with Python stacks (:class:`BetweenStepsProbe`), between one batch's end and the next batch's
+start, where Lightning converts the metrics logged with ``prog_bar=True`` to numbers after every batch.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ BACKWARD_EVENT = "compile_callback::backward"
 STEP_EVENT = "compile_callback::training_step"
 ENGINE_EVENT_PREFIX = "autograd::engine::evaluate_function: "
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+HOST_SYNC_OP = "aten::_local_scalar_dense"  # .item(), float(), int(), bool() of a tensor
+# Lightning's conversion of progress-bar metrics to Python numbers, run after every training batch.
+PROGRESS_BAR_FRAME = "convert_tensors_to_scalars"
+PROGRESS_BAR_SITE = "Lightning: metrics logged with prog_bar=True, converted to numbers after each batch"
+# Lightning's flush of logged metrics to the loggers: every log_every_n_steps, not every step.
+LOGGER_FLUSH_FRAMES = {"update_train_step_metrics", "log_metrics"}
+FRAMEWORK_PREFIXES = ("torch/", "lightning/", "lightning_utilities/", "pytorch_lightning/", "lightning_fabric/")
 
 
 @dataclasses.dataclass
@@ -56,6 +69,7 @@ class StepOps:
         library_calls: outermost ATen ops inside compiled graphs, by name (``aten::mm``: 4).
         guard_checks: ``TorchDynamo Cache Lookup`` ranges (one per call of a compiled frame).
         guard_us: microseconds inside them.
+        host_syncs: host reads of a tensor's value (``aten::_local_scalar_dense``) during the step.
     """
 
     eager_ops: int = 0
@@ -64,6 +78,7 @@ class StepOps:
     library_calls: dict[str, int] = dataclasses.field(default_factory=dict)
     guard_checks: int = 0
     guard_us: float = 0.0
+    host_syncs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +109,8 @@ def count_ops(events: Iterable[Any]) -> StepOps:
             continue
         if not name.startswith("aten::"):
             continue
+        if name == HOST_SYNC_OP:
+            result.host_syncs += 1  # usually inside aten::item, so counted before the outermost test
         outermost, compiled, backward, in_step = True, False, False, False
         innermost_code: str | None = None  # the nearest compiled-code range around the op
         engine: Any = None
@@ -240,6 +257,142 @@ class StepSampler:
         return ops
 
 
+@dataclasses.dataclass
+class HostSyncs:
+    """The host syncs seen between two training steps (one batch's end to the next one's start).
+
+    Attributes:
+        count: host reads of a tensor's value in that interval, made at every step.
+        sites: where each was made, by Python frame (``file(line): function``), with its count.
+        progress_bar: some were Lightning converting metrics logged with ``prog_bar=True``.
+        periodic: reads by Lightning's flush to the loggers, made every ``log_every_n_steps`` only
+            (the probed interval may or may not be one of those): not in ``count``.
+        named: the interval was profiled with Python stacks, so the reads are attributed and sorted
+            as above; without stacks ``count`` is every read in the interval.
+    """
+
+    count: int = 0
+    periodic: int = 0
+    sites: dict[str, int] = dataclasses.field(default_factory=dict)
+    progress_bar: bool = False
+    named: bool = True
+
+
+def _python_frames(event: Any) -> list[str]:
+    """The Python frames around a profiler event, innermost first (profiles made ``with_stack``)."""
+    frames = []
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if "(" in name and "): " in name and not name.startswith("<built-in"):
+            frames.append(name)
+        parent = parent.cpu_parent
+    return frames
+
+
+def count_host_syncs(events: Iterable[Any]) -> HostSyncs:
+    """Counts the host syncs among ``events`` and names the code that made each.
+
+    The innermost Python frame outside torch decides: the user's code is named as it is; in Lightning,
+    the flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, and the
+    conversion of progress-bar metrics (every batch) is named as such.
+    """
+    result = HostSyncs()
+    sites: collections.Counter[str] = collections.Counter()
+    for event in events:
+        if event.name != HOST_SYNC_OP:
+            continue
+        frames = [frame for frame in _python_frames(event) if not frame.startswith("torch/")]
+        functions = {frame.rsplit("): ", 1)[-1] for frame in frames}
+        if frames and frames[0].startswith(FRAMEWORK_PREFIXES):
+            if functions & LOGGER_FLUSH_FRAMES:
+                result.periodic += 1
+                continue
+            if PROGRESS_BAR_FRAME in functions:
+                result.progress_bar = True
+                sites[PROGRESS_BAR_SITE] += 1
+                result.count += 1
+                continue
+        sites[frames[0] if frames else "(no Python frame)"] += 1
+        result.count += 1
+    result.sites = dict(sites.most_common())
+    return result
+
+
+class BetweenStepsProbe:
+    """Profiles the host's work between two training steps to find host syncs.
+
+    ``start`` at a batch's end (after the callbacks' ``on_train_batch_end``), ``stop`` at the next
+    callback hook: the next batch's start, or the epoch's end or validation. In between, Lightning logs,
+    updates the progress bar and fetches the next batch; a sync there leaves the GPU idle every step.
+    Without Python stacks a probe costs a few milliseconds and only counts; with them (a hundred times
+    dearer: every Python call of the interval is recorded) it also says where each read was made.
+    """
+
+    def __init__(self) -> None:
+        self._profiler: torch.profiler.profile | None = None
+        self._stacks = False
+        self.processing_seconds = 0.0
+
+    def start(self, *, stacks: bool) -> bool:
+        if self._profiler is not None or torch_internals.profiler_running():
+            return False
+        self._stacks = stacks
+        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU], with_stack=stacks)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                profiler.start()
+        except RuntimeError:
+            return False
+        self._profiler = profiler
+        return True
+
+    def stop(self) -> HostSyncs | None:
+        if self._profiler is None:
+            return None
+        profiler, self._profiler = self._profiler, None
+        started = time.perf_counter()
+        profiler.stop()
+        events = profiler.events()
+        if self._stacks:
+            syncs = count_host_syncs(events)
+        else:
+            syncs = HostSyncs(count=sum(1 for e in events if e.name == HOST_SYNC_OP), named=False)
+        self.processing_seconds += time.perf_counter() - started
+        return syncs
+
+
+def host_sync_advice(syncs: HostSyncs | None, in_step: int, progress_bar_keys: Sequence[str]) -> list[str]:
+    """What to change, one sentence per cause, for the syncs of a step and of the interval after it."""
+    advice = []
+    if syncs is not None and syncs.progress_bar:
+        keys = ", ".join(f"`{key}`" for key in progress_bar_keys) or "the progress-bar metrics"
+        advice.append(
+            f"Lightning converts every metric logged with `prog_bar=True` in `training_step` to a Python "
+            f"number after each batch (shown now: {keys}). On a GPU that is a host sync per step: the GPU "
+            f"idles while the host prepares the next step, which a compiled step, being shorter, feels "
+            f"more. Log step metrics with `prog_bar=False` (the loggers still get them every "
+            f"`log_every_n_steps`), or show them only at epoch end (`on_step=False, on_epoch=True`)."
+        )
+    if syncs is not None:
+        others = {site: n for site, n in syncs.sites.items() if site != PROGRESS_BAR_SITE}
+        if others:
+            where = "; ".join(f"{site} (x{n})" for site, n in others.items())
+            advice.append(
+                f"{sum(others.values())} host read(s) of a tensor's value between steps: {where}. Each makes "
+                f"the host wait for the GPU; keep such values on the device or read them every N steps."
+            )
+    if in_step:
+        advice.append(
+            f"`training_step` and its backward read {in_step} tensor value(s) on the host per step "
+            f"(`.item()`, `float()`, `bool()` or a Python `if` on a tensor): each is a host sync, and inside "
+            f"a compiled region also a graph break. Keep the value on the device (`torch.where`, logging "
+            f"the tensor itself)."
+        )
+    return advice
+
+
 def graph_coverage(eager_now: int, eager_reference: int) -> float | None:
     """S = the share of the fully eager step's ops that now run inside compiled graphs."""
     if eager_reference <= 0:
@@ -280,6 +433,9 @@ class OpAnatomy:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.sampler = StepSampler()
+        self.probe = BetweenStepsProbe()  # started after each sampled batch, until the next hook
+        self.host_syncs: HostSyncs | None = None  # the latest interval between two steps that was probed
+        self._name_syncs_next = False  # reads were counted: probe the next interval with Python stacks
         self.eager: StepOps | None = None  # the fully eager step: the reference of graph coverage
         self.compiled: StepOps | None = None  # the latest sampled step of the current plan
         self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
@@ -342,18 +498,50 @@ class OpAnatomy:
     def end_batch(self, *, compiled: bool) -> bool:
         """Ends the batch's sample, if any; returns whether the batch was sampled (and so is no timed
         step). ``compiled``: dynamo compiled during the batch, whose tracing ops are no steady-state
-        step's: a compiled sample of such a batch is thrown away and taken again at a later batch."""
+        step's: a compiled sample of such a batch is thrown away and taken again at a later batch.
+        After a sampled batch the interval up to the next batch is probed for host syncs."""
         self.end_sample()
         kind, self._sampled_kind = self._sampled_kind, None
         if kind == "compiled" and compiled:
             self.compiled, self._sampled_plan, self._sampled_epoch = self._before_sample
+        if kind is not None or self._name_syncs_next:
+            self.probe.start(stacks=self._name_syncs_next)
+            self._name_syncs_next = False
         return kind is not None
 
+    def finish_probe(self) -> HostSyncs | None:
+        """Ends the probe of the interval between steps, if one runs; returns what it found once it is
+        known (None while reads counted without stacks wait to be named by the next interval's probe)."""
+        syncs = self.probe.stop()
+        if syncs is None:
+            return None
+        if not syncs.named and syncs.count:
+            self._name_syncs_next = True
+            return None
+        self.host_syncs = syncs
+        return syncs
+
+    def close(self) -> None:
+        """Stops whatever profiler runs (a step raised, or fit ended)."""
+        self.end_sample()
+        self.finish_probe()
+
+    @property
+    def step_host_syncs(self) -> int | None:
+        """Host syncs of the latest sampled step (the compiled plan's, else the eager reference's)."""
+        step = self.compiled or self.eager
+        return step.host_syncs if step is not None else None
+
     def metrics(self, regions: Sequence[Any], decisions: Sequence[Any], compiled_ms: float | None) -> dict[str, float | None]:
-        """Graph coverage, fallback kernels and guard cost as ``compile/anatomy/*`` scalars."""
+        """Graph coverage, fallback kernels, guard cost and host syncs as ``compile/anatomy/*`` scalars."""
+        syncs: dict[str, float | None] = {}
+        if self.step_host_syncs is not None:
+            syncs[telemetry.ANATOMY_HOST_SYNCS_STEP] = float(self.step_host_syncs)
+        if self.host_syncs is not None:
+            syncs[telemetry.ANATOMY_HOST_SYNCS_BETWEEN] = float(self.host_syncs.count)
         now, reference = self.compiled, self.eager
         if now is None or reference is None or self.backend == "eager":
-            return {}
+            return syncs
         fallbacks, _ = self.kernels()
         moved = reference.eager_ops - now.eager_ops  # ops that now run inside compiled graphs
         # Kernels replayed from a CUDA graph leave no op events: what they fall back on cannot be seen.
@@ -369,7 +557,8 @@ class OpAnatomy:
             telemetry.ANATOMY_GUARD_CHECKS: float(now.guard_checks),
             telemetry.ANATOMY_GUARD_US_PER_CALL: now.guard_us / now.guard_checks if now.guard_checks else None,
             telemetry.ANATOMY_GUARD_SHARE: now.guard_us / (compiled_ms * 1e3) if compiled_ms else None,
-            telemetry.ANATOMY_SAMPLING_S: self.sampler.processing_seconds,
+            telemetry.ANATOMY_SAMPLING_S: self.sampler.processing_seconds + self.probe.processing_seconds,
+            **syncs,
         }
         for name, coverage in self.region_coverage(regions, decisions).items():
             values[f"compile/region/{telemetry.region_tag(name)}/graph_coverage"] = coverage
@@ -411,6 +600,8 @@ class OpAnatomy:
             details["region_graph_coverage"] = self.region_coverage(regions, decisions)
             details["eager_op_names"] = dict(list(self.compiled.eager_op_names.items())[:20])
             details["sampled_step"] = self.compiled.as_dict()
+        if self.host_syncs is not None:
+            details["host_sync_sites"] = self.host_syncs.sites
         if self.eager is not None:
             details["eager_reference_step"] = {
                 "eager_ops": self.eager.eager_ops, "region_eager_ops": self.eager.region_eager_ops

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
-from compile_callback.anatomy import OpAnatomy, StepOps
+from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
@@ -235,6 +235,9 @@ class CompileCallback(Callback):
         self.report = report
         self.anatomy = anatomy
         self._anatomy_ops = OpAnatomy(backend)  # made again for each fit, in on_fit_start
+        self._warned_host_syncs = False
+        self._on_gpu = False
+        self._progress_bar_keys: list[str] = []
         self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
@@ -361,6 +364,9 @@ class CompileCallback(Callback):
         )
         names = {id(module): name for name, module in pl_module.named_modules()}
         self._anatomy_ops = OpAnatomy(self.backend)
+        self._warned_host_syncs = False
+        self._on_gpu = pl_module.device.type == "cuda"  # where a host sync costs time
+        self._progress_bar_keys = list(trainer.progress_bar_metrics)
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
@@ -450,6 +456,7 @@ class CompileCallback(Callback):
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
         self._label = self.planner.before_batch(self._batch_index)
+        self._finish_sync_probe(trainer, pl_module)
         if self.anatomy and trainer.is_global_zero and not isinstance(trainer.profiler, PyTorchProfiler):
             watch = self.watch
             self._anatomy_ops.before_batch(
@@ -493,6 +500,20 @@ class CompileCallback(Callback):
             self._label == WARMUP or (self._label == EAGER and self.eager_baseline_steps >= 2)
         )
 
+    def _finish_sync_probe(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Ends the probe of the interval since the last sampled batch; on a GPU, says once what its
+        host syncs cost and how to remove them (they also appear in the report's suggestions)."""
+        syncs = self._anatomy_ops.finish_probe()
+        if syncs is None:
+            return
+        self._progress_bar_keys = list(trainer.progress_bar_metrics)
+        if self._warned_host_syncs or not self._on_gpu:
+            return
+        advice = host_sync_advice(syncs, 0, self._progress_bar_keys)
+        if advice:
+            self._warned_host_syncs = True
+            rank_zero_warn(f"CompileCallback: {syncs.count} host sync(s) between training steps. " + " ".join(advice))
+
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self._anatomy_ops.backward_started()
 
@@ -500,6 +521,7 @@ class CompileCallback(Callback):
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish_sync_probe(trainer, pl_module)
         if self.watch is not None:
             self.watch.collect()
             self.watch.set_phase(stage="validate", epoch=trainer.current_epoch, step=trainer.global_step)
@@ -512,6 +534,7 @@ class CompileCallback(Callback):
             self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish_sync_probe(trainer, pl_module)
         if self.watch is None:
             return
         self.watch.collect()
@@ -533,7 +556,7 @@ class CompileCallback(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # An interrupted or failed run still leaves its report and metrics up to this point.
         try:
-            self._anatomy_ops.end_sample()
+            self._anatomy_ops.close()
             self._finish(trainer, final=False)
         finally:
             self._release()  # Lightning calls no teardown hook after an exception
@@ -545,7 +568,7 @@ class CompileCallback(Callback):
     def _release(self) -> None:
         """Gives back what fit took: the profiler of a sampled step that raised, torch's process-wide
         settings, dynamo's compile hooks. Safe to call twice."""
-        self._anatomy_ops.end_sample()
+        self._anatomy_ops.close()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None
@@ -767,6 +790,10 @@ class CompileCallback(Callback):
     def _suggestions(self, regions: dict[str, Any]) -> list[str]:
         suggestions = []
         assert self.planner is not None
+        if self._on_gpu:  # on a CPU the "device" is the host: reading a value there costs nothing extra
+            suggestions += host_sync_advice(
+                self._anatomy_ops.host_syncs, self._anatomy_ops.step_host_syncs or 0, self._progress_bar_keys
+            )
         for region in self.planner.regions:
             if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
                 suggestions.append(

@@ -82,6 +82,12 @@ def render_table(report: dict[str, Any]) -> str:
             f"{_fmt(anatomy.get('backend_coverage'), '.1%')}  guards {_fmt(anatomy.get('guard_us_per_call'), '.1f')} us "
             f"x {_fmt(anatomy.get('guard_checks'), '.0f')} per step  fallback kernels: {fallbacks or 'none'}"
         )
+    if anatomy.get("host_syncs_between_steps") is not None or anatomy.get("host_syncs_in_step") is not None:
+        sites = "; ".join(f"{site} x{n}" for site, n in (anatomy.get("host_sync_sites") or {}).items())
+        lines.append(
+            f"  host syncs per step: {_fmt(anatomy.get('host_syncs_in_step'), '.0f')} in the step, "
+            f"{_fmt(anatomy.get('host_syncs_between_steps'), '.0f')} between steps{f' ({sites})' if sites else ''}"
+        )
     for cause in report.get("recompile_causes", [])[:10]:
         lines.append(f"  recompile x{cause['count']} in {cause['region']}: {cause['reason']}")
     for item in report.get("graph_break_reasons", [])[:10]:
@@ -152,6 +158,8 @@ ANATOMY_ROWS = (
     ("guard time, share of the step", "guard_share", ".2%"),
     ("guard time per check at compile, torch's own figure (us)", "guard_latency_us_at_compile", ".1f"),
     ("host time spent processing the sampled steps' profiles (s)", "sampling_s", ".2f"),
+    ("host syncs in the step (tensor values read on the host)", "host_syncs_in_step", ".0f"),
+    ("host syncs between two steps", "host_syncs_between_steps", ".0f"),
     ("compile: dynamo capture (s)", "dynamo_s", ".1f"),
     ("compile: AOTAutograd (s)", "aot_autograd_s", ".1f"),
     ("compile: Inductor (s)", "inductor_s", ".1f"),
@@ -179,6 +187,8 @@ def _anatomy_markdown(anatomy: dict[str, Any]) -> list[str]:
                    f"{', kept' if worst['kept'] else ', reverted'}) |")
     for name, coverage in (anatomy.get("region_graph_coverage") or {}).items():
         out.append(f"| graph coverage of `{name}` | {_fmt(coverage, '.1%')} |")
+    for site, count in (anatomy.get("host_sync_sites") or {}).items():
+        out.append(f"| host sync between steps: {site} | x{count} |")
     out.append("")
     return out
 

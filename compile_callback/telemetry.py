@@ -45,6 +45,8 @@ ANATOMY_GUARD_CHECKS = "compile/anatomy/guard_checks"
 ANATOMY_GUARD_US_PER_CALL = "compile/anatomy/guard_us_per_call"
 ANATOMY_GUARD_SHARE = "compile/anatomy/guard_share"
 ANATOMY_SAMPLING_S = "compile/anatomy/sampling_s"
+ANATOMY_HOST_SYNCS_STEP = "compile/anatomy/host_syncs_in_step"
+ANATOMY_HOST_SYNCS_BETWEEN = "compile/anatomy/host_syncs_between_steps"
 
 
 def region_tag(name: str) -> str:
@@ -93,6 +95,7 @@ def custom_scalars_layout() -> dict[str, Any]:
             "ops run eagerly (of the eager step's)": ["Multiline", [ANATOMY_EAGER_OPS, ANATOMY_STEP_OPS]],
             "fallback kernel calls per step": ["Multiline", [ANATOMY_FALLBACK_CALLS]],
             "cost of measuring the anatomy (s)": ["Multiline", [ANATOMY_SAMPLING_S]],
+            "host syncs per step": ["Multiline", [ANATOMY_HOST_SYNCS_STEP, ANATOMY_HOST_SYNCS_BETWEEN]],
             "guard checks: us per call, share of step": [
                 "Multiline", [ANATOMY_GUARD_US_PER_CALL, ANATOMY_GUARD_SHARE]
             ],

@@ -102,6 +102,12 @@ class GPTModule(L.LightningModule):
         >>> logits, loss = module(input_ids, labels)
     """
 
+    #: Whether ``train/loss`` also goes to the progress bar. Off by default: Lightning converts every
+    #: metric logged with ``prog_bar=True`` in ``training_step`` to a Python number after each batch, a
+    #: host sync that leaves the GPU idle while the host prepares the next step (measured in
+    #: BENCHMARKS.md). The loggers get the loss every ``log_every_n_steps`` either way.
+    train_loss_in_progress_bar = False
+
     def __init__(self, config: GPTModelConfig, optim: OptimConfig) -> None:
         super().__init__()
         self.config = config
@@ -160,7 +166,7 @@ class GPTModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         _, loss = self(batch["input_ids"], batch["labels"])
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=self.train_loss_in_progress_bar)
         return loss
 
     def on_validation_epoch_start(self) -> None:

@@ -1,0 +1,123 @@
+"""Host syncs found by the anatomy: in the sampled step and between two steps, with real Trainers."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from compile_callback import CompileCallback
+from compile_callback.anatomy import PROGRESS_BAR_SITE, HostSyncs, host_sync_advice
+from tests.conftest import loader, make_trainer, read_scalars
+from tests.test_anatomy import FAST, LossInForward
+
+
+class Logged(LossInForward):
+    """Logs its loss each step, to the progress bar or not; optionally reads values on the host."""
+
+    def __init__(self, prog_bar: bool, item_in_step: bool = False, item_after_batch: bool = False) -> None:
+        super().__init__()
+        self.prog_bar = prog_bar
+        self.item_in_step = item_in_step
+        self.item_after_batch = item_after_batch
+        self.seen: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = self(*batch)
+        if self.item_in_step and loss.item() > 1e9:  # a host read of the loss: one sync per step
+            raise RuntimeError("diverged")
+        self.log("train/loss", loss, prog_bar=self.prog_bar)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.item_after_batch:
+            self.seen.append(float(outputs["loss"]))  # the user's own read, after the callbacks' hooks
+
+
+def fit(tmp_path, model, device: str = "cpu", **trainer_kwargs):
+    callback = CompileCallback("model", backend="aot_eager", **FAST)
+    trainer = make_trainer(tmp_path, [callback], accelerator=device, **trainer_kwargs)
+    trainer.fit(model, loader(batch_size=8))
+    return callback.last_report
+
+
+def test_progress_bar_metric_is_one_sync_between_steps(tmp_path):
+    # log_every_n_steps=1 (the test Trainer's): the probed interval also flushes to the loggers, which
+    # reads the same value again; that flush is periodic, not per step, and is not counted.
+    report = fit(tmp_path, Logged(prog_bar=True))
+    anatomy = report["anatomy"]
+    assert anatomy["host_syncs_between_steps"] == 1
+    assert anatomy["host_sync_sites"] == {PROGRESS_BAR_SITE: 1}
+    assert anatomy["host_syncs_in_step"] == 0
+    scalars = read_scalars(str(tmp_path))
+    assert scalars["compile/anatomy/host_syncs_between_steps"][-1][1] == 1.0
+    assert report["suggestions"] == []  # on a CPU a host read costs nothing extra: no advice
+
+
+def test_no_progress_bar_metric_no_sync(tmp_path):
+    anatomy = fit(tmp_path, Logged(prog_bar=False))["anatomy"]
+    assert anatomy["host_syncs_between_steps"] == 0
+    assert anatomy["host_sync_sites"] == {}
+    assert anatomy["host_syncs_in_step"] == 0
+
+
+def test_sync_in_training_step_is_counted_in_the_step(tmp_path):
+    anatomy = fit(tmp_path, Logged(prog_bar=False, item_in_step=True))["anatomy"]
+    assert anatomy["host_syncs_in_step"] == 1
+    assert anatomy["host_syncs_between_steps"] == 0
+
+
+def test_users_sync_after_the_batch_is_named_by_its_frame(tmp_path):
+    anatomy = fit(tmp_path, Logged(prog_bar=True, item_after_batch=True))["anatomy"]
+    assert anatomy["host_syncs_between_steps"] == 2
+    sites = anatomy["host_sync_sites"]
+    assert sites.pop(PROGRESS_BAR_SITE) == 1
+    ((site, count),) = sites.items()
+    assert count == 1 and "test_host_syncs.py" in site and site.endswith(": on_train_batch_end"), site
+
+
+def test_anatomy_off_probes_nothing(tmp_path):
+    callback = CompileCallback("model", backend="aot_eager", anatomy=False, **FAST)
+    make_trainer(tmp_path, [callback]).fit(Logged(prog_bar=True), loader(batch_size=8))
+    anatomy = callback.last_report["anatomy"]
+    assert "host_syncs_between_steps" not in anatomy and "host_sync_sites" not in anatomy
+
+
+def test_advice_names_the_cause_and_the_fix():
+    syncs = HostSyncs(count=2, sites={PROGRESS_BAR_SITE: 1, "train.py(40): on_train_batch_end": 1}, progress_bar=True)
+    advice = host_sync_advice(syncs, 1, ["train/loss"])
+    assert len(advice) == 3
+    assert "`train/loss`" in advice[0] and "prog_bar=False" in advice[0]
+    assert "train.py(40): on_train_batch_end (x1)" in advice[1]
+    assert "1 tensor value(s)" in advice[2]
+    assert host_sync_advice(HostSyncs(), 0, []) == []
+    assert host_sync_advice(None, 0, ["x"]) == []
+
+
+@pytest.mark.cuda
+def test_gpu_run_warns_once_and_suggests_the_fix(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fit(tmp_path, Logged(prog_bar=True), device="gpu", max_epochs=2)
+    ours = [w for w in caught if "host sync(s) between training steps" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "prog_bar=False" in str(ours[0].message)
+    assert any("prog_bar=False" in s for s in report["suggestions"])
+    assert report["anatomy"]["host_syncs_between_steps"] == 1
+
+
+@pytest.mark.cuda
+def test_gpu_run_without_syncs_gives_no_advice(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = fit(tmp_path, Logged(prog_bar=False), device="gpu")
+    assert not [w for w in caught if "host sync" in str(w.message)]
+    assert not [s for s in report["suggestions"] if "host" in s]
+    assert report["anatomy"]["host_syncs_between_steps"] == 0
+
+
+@pytest.mark.cuda
+def test_gpu_sync_in_step_is_suggested(tmp_path):
+    report = fit(tmp_path, Logged(prog_bar=False, item_in_step=True), device="gpu")
+    assert report["anatomy"]["host_syncs_in_step"] == 1
+    assert any("1 tensor value(s)" in s for s in report["suggestions"])
