@@ -400,11 +400,9 @@ class AutoPlanner:
         named = dict(self.root.named_modules())
         regions = candidate_regions(self.root)
         candidates: list[Candidate] = []
-        if "" in self.profiler.rerouted:
-            # Compiling the root would also compile the strategy's rerouted training_step (logging,
-            # Python side effects); compiling its parts is the safe plan under DDP.
-            self.notes.append("whole model not tried: the strategy (DDP) reroutes training_step through its forward")
-        elif "" in self.profiler.held_inputs:
+        if "" in self.profiler.held_inputs:
+            # Under DDP the strategy's rerouted call of training_step runs eagerly and the model's own
+            # forward inside it compiled (torch_internals.eager_while_rerouted).
             candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0))
         else:
             self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")

@@ -64,7 +64,6 @@ class RegionProfiler:
         self._spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
         self.held_inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self.steps = 0
-        self.rerouted: set[str] = set()  # modules whose forward the strategy patched (DDP's redirection)
 
     def _now(self) -> Any:
         return time_mark(self.use_events)
@@ -82,7 +81,6 @@ class RegionProfiler:
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if not _forward_is_real(module):
-                self.rerouted.add(name)
                 return  # Lightning's DDP reroutes training_step through forward: not a forward call
             if name not in self.held_inputs:
                 self.held_inputs[name] = (_detach(args), _detach(kwargs))

@@ -143,8 +143,10 @@ def compile_region(region: Region, options: CompileOptions, *, on_error: Any = N
     Args:
         on_error: if given, the region is guarded at once (see :func:`guard_region`).
     """
-    for module in region.modules:
+    for name, module in zip(region.module_names, region.modules):
         module.compile(**options.as_kwargs())
+        if name == "":  # the LightningModule: a strategy may reroute training_step through its forward
+            torch_internals.eager_while_rerouted(module)
     region.compiled_with = options
     if on_error is not None:
         guard_region(region, on_error)

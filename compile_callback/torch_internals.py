@@ -350,6 +350,28 @@ def profiler_running() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled)
 
 
+def eager_while_rerouted(module: nn.Module) -> None:
+    """Wraps the callable ``nn.Module.compile`` installed so that a call made while ``module.forward`` is
+    patched runs eagerly. Lightning's strategies that wrap the model (DDP, FSDP) call ``training_step``
+    by patching the LightningModule's ``forward`` and calling the wrapper: compiled, that call would
+    trace ``training_step`` (its logging breaks the graph) and recompile every step for the new patch.
+    Run eagerly, it calls ``training_step``, whose ``self(...)`` finds the real ``forward`` again and
+    runs compiled. Only for the LightningModule itself: other modules' patched forwards (hooks some
+    libraries install) are theirs to keep compiled."""
+    compiled = compiled_call(module)
+    if compiled is None or hasattr(compiled, "_compile_callback_inner"):
+        return
+    real_forward = type(module).forward
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(module.forward, "__func__", None) is not real_forward:
+            return module._call_impl(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    call._compile_callback_inner = compiled  # type: ignore[attr-defined]
+    module._compiled_call_impl = call
+
+
 def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "") -> None:
     """Wraps the callable ``nn.Module.compile`` installed so that an error it raises (a backend that
     fails to compile, a fullgraph break, a run-time error of compiled code) reverts ``module`` to eager
@@ -357,7 +379,8 @@ def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "
     ``on_error(module, error)`` is told. A backward that fails to compile fails here too while
     :func:`compile_backward_with_forward` is on; an error raised while a compiled backward runs
     surfaces in ``loss.backward()`` and is not caught."""
-    compiled = compiled_call(module)
+    outer = compiled_call(module)
+    compiled = getattr(outer, "_compile_callback_inner", outer)  # under eager_while_rerouted's check
     if compiled is None or getattr(compiled, "_compile_callback_guard", False):
         return
 
@@ -376,3 +399,5 @@ def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "
 
     guarded._compile_callback_guard = True  # type: ignore[attr-defined]
     module._compiled_call_impl = guarded
+    if outer is not compiled:
+        eager_while_rerouted(module)  # the rerouting check stays outermost

@@ -65,3 +65,38 @@ def test_ranks_agree_on_every_decision(tmp_path):
     assert rank0["decisions"] and rank0["decisions"] == rank1["decisions"]
     assert rank0["compiled"] == rank1["compiled"]
     assert rank0["head_weight_sum"] == pytest.approx(rank1["head_weight_sum"])
+
+
+class RecordCounts(Callback):
+    """Each rank's dynamo counts and the model's own forward calls, written at the end of fit."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_fit_end(self, trainer, pl_module):
+        compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
+        summary = compile_callback.last_report["summary"]
+        record = {key: summary[key] for key in ("graphs", "graph_breaks", "recompiles", "eager_fallbacks")}
+        record["compiled"] = torch_internals.is_module_compiled(pl_module)
+        record["batches_seen"] = pl_module.batches_seen
+        with open(f"{self.directory}/counts{trainer.global_rank}.json", "w") as handle:
+            json.dump(record, handle)
+
+
+@pytest.mark.slow
+def test_whole_model_compiles_under_ddp_without_tracing_the_rerouted_step(tmp_path):
+    """Lightning's DDP calls training_step through the LightningModule's forward (a patched ``forward``).
+    A compiled root runs that rerouting call eagerly and compiles only the model's own forward inside it:
+    one graph, no graph break from ``self.log``, no recompile per step for the patched forward."""
+    callback = CompileCallback("model", backend="eager", report=True)
+    trainer = make_trainer(
+        tmp_path, [callback, RecordCounts(str(tmp_path))], accelerator="cpu", devices=2, strategy="ddp_spawn",
+        max_epochs=2,
+    )
+    trainer.fit(TinyModel(), loader(batch_size=4))
+    for rank in (0, 1):
+        counts = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        assert counts["compiled"], counts
+        assert counts["graphs"] == 1 and counts["graph_breaks"] == 0 and counts["recompiles"] == 0, counts
+        assert counts["eager_fallbacks"] == 0, counts
+        assert counts["batches_seen"] == 2 * 96 // 2 // 4, counts  # each rank: 2 epochs of its 48 samples
