@@ -377,11 +377,20 @@ def host_sync_advice(syncs: HostSyncs | None, in_step: int, progress_bar_keys: S
         )
     if syncs is not None:
         others = {site: n for site, n in syncs.sites.items() if site != PROGRESS_BAR_SITE}
-        if others:
-            where = "; ".join(f"{site} (x{n})" for site, n in others.items())
+        lightning = {site: n for site, n in others.items() if site.startswith(FRAMEWORK_PREFIXES)}
+        own = {site: n for site, n in others.items() if site not in lightning}
+        if own:
+            where = "; ".join(f"{site} (x{n})" for site, n in own.items())
             advice.append(
-                f"{sum(others.values())} host read(s) of a tensor's value between steps: {where}. Each makes "
+                f"{sum(own.values())} host read(s) of a tensor's value between steps: {where}. Each makes "
                 f"the host wait for the GPU; keep such values on the device or read them every N steps."
+            )
+        if lightning:
+            where = "; ".join(f"{site} (x{n})" for site, n in lightning.items())
+            advice.append(
+                f"Lightning itself reads {sum(lightning.values())} value(s) on the host between steps: {where} "
+                f"(e.g. the SIGTERM flag it broadcasts every batch under multi-process strategies). The "
+                f"training code cannot turn these off; they cost most where the step is short."
             )
     if in_step:
         advice.append(

@@ -84,12 +84,16 @@ def test_anatomy_off_probes_nothing(tmp_path):
 
 
 def test_advice_names_the_cause_and_the_fix():
-    syncs = HostSyncs(count=2, sites={PROGRESS_BAR_SITE: 1, "train.py(40): on_train_batch_end": 1}, progress_bar=True)
+    sigterm = "lightning/pytorch/loops/training_epoch_loop.py(259): _broadcast_sigterm_tensor"
+    syncs = HostSyncs(
+        count=3, sites={PROGRESS_BAR_SITE: 1, "train.py(40): on_train_batch_end": 1, sigterm: 1}, progress_bar=True
+    )
     advice = host_sync_advice(syncs, 1, ["train/loss"])
-    assert len(advice) == 3
+    assert len(advice) == 4
     assert "`train/loss`" in advice[0] and "prog_bar=False" in advice[0]
-    assert "train.py(40): on_train_batch_end (x1)" in advice[1]
-    assert "1 tensor value(s)" in advice[2]
+    assert "train.py(40): on_train_batch_end (x1)" in advice[1] and "sigterm" not in advice[1]
+    assert sigterm in advice[2] and "cannot turn these off" in advice[2]
+    assert "1 tensor value(s)" in advice[3]
     assert host_sync_advice(HostSyncs(), 0, []) == []
     assert host_sync_advice(None, 0, ["x"]) == []
 
