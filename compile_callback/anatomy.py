@@ -24,21 +24,25 @@ autograd's sequence numbers, which link a backward node to the forward op that m
 Host syncs: ``aten::_local_scalar_dense`` is what ``.item()``, ``float()``, ``int()`` and ``bool()`` of a
 tensor run; on a GPU the host waits there until the device has caught up, and the device then idles
 while the host prepares the next work. They are counted inside the sampled step and, by a second short
-profile with Python stacks (:class:`BetweenStepsProbe`), between one batch's end and the next batch's
-start, where Lightning converts the metrics logged with ``prog_bar=True`` to numbers after every batch.
+profile (:class:`BetweenStepsProbe`), between one batch's end and the next batch's start, where
+Lightning converts the metrics logged with ``prog_bar=True`` to numbers after every batch; when that
+interval reads values, the next one is watched with a ``TorchFunctionMode`` that names the code.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, record_function
 from torch.utils.hooks import RemovableHandle
 
@@ -267,8 +271,8 @@ class HostSyncs:
         progress_bar: some were Lightning converting metrics logged with ``prog_bar=True``.
         periodic: reads by Lightning's flush to the loggers, made every ``log_every_n_steps`` only
             (the probed interval may or may not be one of those): not in ``count``.
-        named: the interval was profiled with Python stacks, so the reads are attributed and sorted
-            as above; without stacks ``count`` is every read in the interval.
+        named: the reads were seen with their Python stacks, so they are attributed and sorted as
+            above; otherwise ``count`` is every ``aten::_local_scalar_dense`` of the interval.
     """
 
     count: int = 0
@@ -278,31 +282,67 @@ class HostSyncs:
     named: bool = True
 
 
-def _python_frames(event: Any) -> list[str]:
-    """The Python frames around a profiler event, innermost first (profiles made ``with_stack``)."""
-    frames = []
-    parent = event.cpu_parent
-    while parent is not None:
-        name = parent.name
-        if "(" in name and "): " in name and not name.startswith("<built-in"):
-            frames.append(name)
-        parent = parent.cpu_parent
-    return frames
+# What makes the host wait for a device tensor's value (the first group for a tensor on the training
+# device, the second only for a tensor off the CPU, where it is a device-to-host copy).
+VALUE_READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy"})
+HOST_COPIES = frozenset({"cpu", "nonzero", "to"})
 
 
-def count_host_syncs(events: Iterable[Any]) -> HostSyncs:
-    """Counts the host syncs among ``events`` and names the code that made each.
+def _frame_name(frame: traceback.FrameSummary) -> str:
+    """``lightning/pytorch/loops/fit_loop.py(217): run``: the path inside site-packages, else the path
+    from the working directory, else the file name."""
+    path = frame.filename.replace(os.sep, "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            path = path.rsplit(marker, 1)[1]
+            break
+    else:
+        relative = os.path.relpath(frame.filename)
+        path = relative.replace(os.sep, "/") if not relative.startswith("..") else os.path.basename(path)
+    return f"{path}({frame.lineno}): {frame.name}"
 
-    The innermost Python frame outside torch decides: the user's code is named as it is; in Lightning,
-    the flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, and the
+
+def _copies_to_host(name: str, tensor: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if tensor.device.type == "cpu":
+        return False
+    if name != "to":
+        return True
+    targets = [*args[1:], kwargs.get("device")]
+    return any(str(t) == "cpu" or getattr(t, "type", None) == "cpu" for t in targets if t is not None)
+
+
+class _HostReadRecorder(TorchFunctionMode):
+    """Records the Python stack of every host read of a tensor's value made while it is active."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.stacks: list[list[traceback.FrameSummary]] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if tensor is not None and (
+            (name in VALUE_READS and tensor.device.type == self.device_type)
+            or (name in HOST_COPIES and _copies_to_host(name, tensor, args, kwargs))
+        ):
+            self.stacks.append(traceback.extract_stack()[:-1])  # without this frame
+        return func(*args, **kwargs)
+
+
+def name_host_reads(stacks: Iterable[Sequence[traceback.FrameSummary]]) -> HostSyncs:
+    """Sorts and names host reads by their Python stacks.
+
+    The innermost frame outside torch decides: the user's code is named as it is; in Lightning, the
+    flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, and the
     conversion of progress-bar metrics (every batch) is named as such.
     """
     result = HostSyncs()
     sites: collections.Counter[str] = collections.Counter()
-    for event in events:
-        if event.name != HOST_SYNC_OP:
-            continue
-        frames = [frame for frame in _python_frames(event) if not frame.startswith("torch/")]
+    for stack in stacks:
+        frames = [_frame_name(frame) for frame in reversed(stack)]  # innermost first
+        frames = [frame for frame in frames if not frame.startswith("torch/")]
         functions = {frame.rsplit("): ", 1)[-1] for frame in frames}
         if frames and frames[0].startswith(FRAMEWORK_PREFIXES):
             if functions & LOGGER_FLUSH_FRAMES:
@@ -320,25 +360,35 @@ def count_host_syncs(events: Iterable[Any]) -> HostSyncs:
 
 
 class BetweenStepsProbe:
-    """Profiles the host's work between two training steps to find host syncs.
+    """Looks at the host's work between two training steps for host syncs.
 
     ``start`` at a batch's end (after the callbacks' ``on_train_batch_end``), ``stop`` at the next
     callback hook: the next batch's start, or the epoch's end or validation. In between, Lightning logs,
     updates the progress bar and fetches the next batch; a sync there leaves the GPU idle every step.
-    Without Python stacks a probe costs a few milliseconds and only counts; with them (a hundred times
-    dearer: every Python call of the interval is recorded) it also says where each read was made.
+
+    Counting (``name=False``) profiles the interval's ATen ops (``torch.profiler``, CPU ops, a few
+    milliseconds) and counts every ``aten::_local_scalar_dense``, wherever it came from. Naming
+    (``name=True``) instead records, through a ``TorchFunctionMode``, the Python stack of every read of a
+    tensor's value (``.item()``, ``float()``, ``bool()``, ``.tolist()``, copies to the CPU); it only sees
+    reads made through Python, so it runs after a count found some.
     """
 
     def __init__(self) -> None:
         self._profiler: torch.profiler.profile | None = None
-        self._stacks = False
+        self._recorder: _HostReadRecorder | None = None
         self.processing_seconds = 0.0
 
-    def start(self, *, stacks: bool) -> bool:
-        if self._profiler is not None or torch_internals.profiler_running():
+    def start(self, *, name: bool, device_type: str) -> bool:
+        if self._profiler is not None or self._recorder is not None:
             return False
-        self._stacks = stacks
-        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU], with_stack=stacks)
+        if name:
+            recorder = _HostReadRecorder(device_type)
+            recorder.__enter__()
+            self._recorder = recorder
+            return True
+        if torch_internals.profiler_running():
+            return False
+        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
@@ -349,16 +399,18 @@ class BetweenStepsProbe:
         return True
 
     def stop(self) -> HostSyncs | None:
-        if self._profiler is None:
-            return None
-        profiler, self._profiler = self._profiler, None
         started = time.perf_counter()
-        profiler.stop()
-        events = profiler.events()
-        if self._stacks:
-            syncs = count_host_syncs(events)
+        if self._recorder is not None:
+            recorder, self._recorder = self._recorder, None
+            recorder.__exit__(None, None, None)
+            syncs = name_host_reads(recorder.stacks)
+        elif self._profiler is not None:
+            profiler, self._profiler = self._profiler, None
+            profiler.stop()
+            reads = sum(1 for event in profiler.events() if event.name == HOST_SYNC_OP)
+            syncs = HostSyncs(count=reads, named=False)
         else:
-            syncs = HostSyncs(count=sum(1 for e in events if e.name == HOST_SYNC_OP), named=False)
+            return None
         self.processing_seconds += time.perf_counter() - started
         return syncs
 
@@ -444,7 +496,8 @@ class OpAnatomy:
         self.sampler = StepSampler()
         self.probe = BetweenStepsProbe()  # started after each sampled batch, until the next hook
         self.host_syncs: HostSyncs | None = None  # the latest interval between two steps that was probed
-        self._name_syncs_next = False  # reads were counted: probe the next interval with Python stacks
+        self._name_syncs_next = False  # reads were counted: the next interval's probe names them
+        self.device_type = "cpu"  # the training device's type (set by the callback)
         self.eager: StepOps | None = None  # the fully eager step: the reference of graph coverage
         self.compiled: StepOps | None = None  # the latest sampled step of the current plan
         self._sampling: str | None = None  # "eager" or "compiled" while a step is being sampled
@@ -514,13 +567,13 @@ class OpAnatomy:
         if kind == "compiled" and compiled:
             self.compiled, self._sampled_plan, self._sampled_epoch = self._before_sample
         if kind is not None or self._name_syncs_next:
-            self.probe.start(stacks=self._name_syncs_next)
+            self.probe.start(name=self._name_syncs_next, device_type=self.device_type)
             self._name_syncs_next = False
         return kind is not None
 
     def finish_probe(self) -> HostSyncs | None:
         """Ends the probe of the interval between steps, if one runs; returns what it found once it is
-        known (None while reads counted without stacks wait to be named by the next interval's probe)."""
+        known (None while reads counted by the profiler wait to be named by the next interval's probe)."""
         syncs = self.probe.stop()
         if syncs is None:
             return None

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import table
+from benchmarks import dynamo_counts, table
 from benchmarks.__main__ import parse_args, select_variants
 from benchmarks.measure import StepMeter, percentile
 from benchmarks.runner import add_speedups
@@ -186,6 +186,7 @@ def test_varlen_lengths_are_twelve_distinct_lengths_in_range():
 
 
 def test_step_meter_counts_steps_tokens_and_epochs():
+    dynamo_counts.start_variant()  # as the runner does: compile records of earlier tests are not this run's
     meter = StepMeter(torch.device("cpu"), total_steps=6, measured_steps=3, epoch_steps=3,
                       count_tokens=lambda batch: ((batch != IGNORE_INDEX).sum(), batch.numel()))
     meter.begin()
