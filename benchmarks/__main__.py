@@ -91,8 +91,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep scaled_dot_product_attention off cuDNN (flash attention instead) in every workload; "
         "gpt2_varlen always runs without it.",
     )
+    parser.add_argument(
+        "--trace-steps", type=int, default=0,
+        help="profile this many step cycles of each Lightning variant (CPU + CUDA) just before the measured "
+        "window and write <workload>-<variant>-trace.md: wall against GPU busy time, waits, top kernels.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.trace_steps < 0:
+        parser.error(f"--trace-steps must be 0 or more; got {args.trace_steps}.")
     for name in ("steps", "total_steps", "epochs", "planned_steps"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -137,8 +144,10 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
     else:
         epoch_steps = None
         total = args.total_steps or budget + measured
-        if total < measured:
-            raise ValueError(f"--total-steps ({total}) must be at least --steps ({measured}).")
+        if total < measured + args.trace_steps:
+            raise ValueError(
+                f"--total-steps ({total}) must be at least --steps ({measured}) + --trace-steps ({args.trace_steps})."
+            )
     planned = max(args.planned_steps or 5000, total)
     return RunSettings(
         device=device,
@@ -150,6 +159,8 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         run_dir=os.path.join(out, "runs", workload_name),
         peak_flops=H200_PEAK_BF16_FLOPS if device.type == "cuda" else None,
         seed=args.seed,
+        trace_steps=args.trace_steps,
+        trace_dir=out,
     )
 
 

@@ -22,6 +22,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
 from benchmarks.measure import StepEnd, StepMeter, StepStart, mfu, speedup
+from benchmarks.trace import StepTrace
 from benchmarks.variants import (
     VARIANTS,
     Variant,
@@ -50,6 +51,8 @@ class RunSettings:
         run_dir: where each variant's Trainer writes (``default_root_dir``; the callback's report).
         peak_flops: the device's peak FLOP/s for MFU, None when unknown.
         seed: seeds the weights (already made) and each variant's RNG.
+        trace_steps: step cycles traced under ``torch.profiler`` just before the measured window
+            (Lightning variants; :mod:`benchmarks.trace`), written to ``trace_dir``; 0: none.
     """
 
     device: torch.device
@@ -61,6 +64,8 @@ class RunSettings:
     run_dir: str
     peak_flops: float | None
     seed: int = 0
+    trace_steps: int = 0
+    trace_dir: str = "."
 
 
 def precision(device: torch.device) -> str:
@@ -186,7 +191,7 @@ def _train_and_measure(
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
     callback = make_callback(variant, smoke=settings.smoke) if variant.callback is not None else None
     if variant.lightning:
-        _lightning_fit(module, loader, meter, settings, variant, callback)
+        _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
     else:
         _plain_loop(module, loader, meter, workload, device)
 
@@ -242,11 +247,17 @@ def _lightning_fit(
     settings: RunSettings,
     variant: Variant,
     callback: Any,
+    *,
+    workload_name: str,
 ) -> None:
     cuda = settings.device.type == "cuda"
     # The meter's start goes first and its end last, so the CompileCallback's hooks are inside the
     # timed step: its monitoring overhead is part of what is measured.
     callbacks = [StepStart(meter), *([callback] if callback is not None else []), StepEnd(meter)]
+    if settings.trace_steps:
+        first = settings.total_steps - settings.measured_steps - settings.trace_steps
+        path = os.path.join(settings.trace_dir, f"{workload_name}-{variant.name}-trace.md")
+        callbacks.insert(0, StepTrace(first, settings.trace_steps, path, title=f"{variant.name}: {variant.description}"))
     trainer = Trainer(
         accelerator="auto",
         devices=1,

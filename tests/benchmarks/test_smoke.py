@@ -330,3 +330,29 @@ def test_varlen_runs_its_default_variants_unless_asked_for_others():
         "eager", "whole", "whole_padmax", "callback", "callback_pad"]
     assert select_variants(VARIANTS["gpt2_varlen"], ["per_block"], "gpt2_varlen", DEFAULT_VARIANTS["gpt2_varlen"]) == [
         "eager", "per_block"]
+
+
+def test_trace_summary_from_a_real_profile():
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.trace import summarize_trace
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(2):
+            torch.ones(64, 64).matmul(torch.ones(64, 64)).sum()
+    text = summarize_trace(list(profiler.events()), steps=2, wall_s=0.004, title="t")
+    assert "| wall time (batch start to next batch start) | 2.000 ms |" in text
+    assert "none traced (a CPU run)" in text
+    assert "`aten::mm`" in text  # matmul's kernel, among the top host ops
+
+
+def test_trace_steps_write_one_summary_per_lightning_variant(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--workload", "resnet18_cifar", "--variants", "bare_eager",
+         "callback", "--total-steps", "8", "--trace-steps", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*-trace.md")))
+    assert traces == ["resnet18_cifar-callback-trace.md", "resnet18_cifar-eager-trace.md"]  # not the plain loop
+    assert "2 step cycles" in (tmp_path / "resnet18_cifar-callback-trace.md").read_text()
