@@ -130,7 +130,8 @@ def render_result(result: dict[str, Any]) -> str:
     settings = result.get("settings", {})
     lines = [
         f"### {result['workload']}{' (smoke)' if result.get('smoke') else ''}"
-        f"{'' if result.get('complete', True) else ' (incomplete: the run stopped before its last variant)'}",
+        f"{'' if result.get('complete', True) else ' (incomplete: the run stopped before its last variant)'}"
+        f"{' (experiment: cuDNN attention off; answers no target)' if is_experiment(result) else ''}",
         "",
         f"`{result.get('command', 'python -m benchmarks')}`",
         "",
@@ -302,10 +303,18 @@ def _unanswered(verdict: Verdict) -> bool:
     return verdict.verdict == NOT_MEASURED or verdict.verdict.startswith(NOT_APPLICABLE)
 
 
+def is_experiment(result: dict[str, Any]) -> bool:
+    """A run off the protocol's settings, shown but answering no target: cuDNN attention turned off on a
+    fixed-shape workload (the variable-length one always runs without it)."""
+    return result.get("workload") != "gpt2_varlen" and (result.get("settings") or {}).get("cudnn_attention") is False
+
+
 def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:
-    """Per workload and target, the verdict of the newest run that measured it (else the newest run's)."""
+    """Per workload and target, the verdict of the newest run that measured it (else the newest run's);
+    experiments (:func:`is_experiment`) answer none."""
     chosen: dict[tuple[str, str], tuple[Verdict, dict[str, Any]]] = {}
     order: list[tuple[str, str]] = []
+    results = [r for r in results if not is_experiment(r)]
     for result in sorted(results, key=lambda r: str(r.get("date", "")), reverse=True):
         peers = [r for r in results if r is not result and r["workload"] == result["workload"] and not r.get("smoke")]
         for verdict in evaluate_targets(result, peers):

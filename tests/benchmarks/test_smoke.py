@@ -356,3 +356,19 @@ def test_trace_steps_write_one_summary_per_lightning_variant(tmp_path):
     traces = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*-trace.md")))
     assert traces == ["resnet18_cifar-callback-trace.md", "resnet18_cifar-eager-trace.md"]  # not the plain loop
     assert "2 step cycles" in (tmp_path / "resnet18_cifar-callback-trace.md").read_text()
+
+
+def test_an_experiment_off_the_protocol_answers_no_target():
+    def run(callback_ms, date, **settings):
+        records = [{"variant": "eager", "status": "ok", "median_ms": 44.0},
+                   {"variant": "callback", "status": "ok", "median_ms": callback_ms, "compile_s": 20.0, "mfu": 0.4}]
+        add_speedups(records, by_throughput=False)
+        result = {**_result("gpt2", records), "date": date}
+        result["settings"] = {**result.get("settings", {}), **settings}
+        return result
+
+    protocol = run(35.0, "2026-11-29T09:00", cudnn_attention=True)
+    flash = run(30.0, "2026-11-29T12:00", cudnn_attention=False)  # newer and faster, but off the protocol
+    assert table.is_experiment(flash) and not table.is_experiment(protocol)
+    chosen = {v.target: (v.measured, r["date"]) for v, r in table.best_verdicts([protocol, flash])}
+    assert chosen["callback speedup ≥ 1.31× (best anchor)"] == ("1.257×", "2026-11-29T09:00")
