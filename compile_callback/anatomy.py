@@ -535,11 +535,6 @@ class OpAnatomy:
                 self._before_sample = (self.compiled, self._sampled_plan, self._sampled_epoch)
                 self._sampled_plan, self._sampled_epoch = signature, epoch
 
-    @property
-    def sampling(self) -> bool:
-        """Whether the batch now running is being sampled (its host time is the profiler's too)."""
-        return self._sampling is not None
-
     def backward_started(self) -> None:
         if self._sampling is not None:
             self.sampler.backward_started()

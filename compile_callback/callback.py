@@ -46,7 +46,6 @@ from compile_callback.watch import CompileWatch
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
 PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
-HOST_PROBE_STEPS = 3  # eager baseline batches issued after a sync, to time the host (not timed as baseline)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
@@ -368,8 +367,6 @@ class CompileCallback(Callback):
         self._anatomy_ops.device_type = pl_module.device.type
         self._warned_host_syncs = False
         self._on_gpu = pl_module.device.type == "cuda"  # where a host sync costs time
-        self._host_probe = False
-        self._host_probes_left = 0
         self._progress_bar_keys = list(trainer.progress_bar_metrics)
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
@@ -401,10 +398,6 @@ class CompileCallback(Callback):
             self.planner = FixedPlanner(
                 regions, compile_options, baseline_steps=self.eager_baseline_steps, warmup_steps=self.warmup_steps
             )
-        # The first few eager baseline batches time the host's issue of the step (AutoPlanner's
-        # launch-bound test, on a GPU); at least two are left to time the device.
-        auto_on_gpu = self._on_gpu and isinstance(self.planner, AutoPlanner)
-        self._host_probes_left = min(HOST_PROBE_STEPS, max(0, self.eager_baseline_steps - 2)) if auto_on_gpu else 0
         if self._loaded_state is not None:
             reference = self._loaded_state.get("anatomy_reference")
             if reference:  # resumed: the eager reference of graph coverage was sampled before the checkpoint
@@ -476,13 +469,10 @@ class CompileCallback(Callback):
                 graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
-        self._host_probe = self._label == EAGER and self._host_probes_left > 0 and not self._anatomy_ops.sampling
-        if self._host_probe:
-            # Whether the step is launch-bound is judged from the host's time to issue an eager step,
-            # which must start from an empty queue: without a sync the host runs ahead until the launch
-            # queue is full and then waits for the GPU, so every step would look launch-bound. The GPU
-            # idles at the start of such a step, so its device time is not an eager baseline sample.
-            self._host_probes_left -= 1
+        if self._label == EAGER and self._on_gpu:
+            # The eager baseline's host time says whether the step is launch-bound: issuing it must be
+            # timed from an empty queue. Without a sync the host runs ahead until the launch queue is
+            # full and then waits for the GPU, so every step would look launch-bound. A few batches, once.
             torch.cuda.synchronize(pl_module.device)
         self._host_start = time.perf_counter()
         self.timer.start()
@@ -495,8 +485,8 @@ class CompileCallback(Callback):
         sampled = self._anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
-        self.timer.stop(None if compiled_now or sampled or self._host_probe else self._label)
-        host_ms = (time.perf_counter() - self._host_start) * 1e3 if self._host_probe else None
+        self.timer.stop(None if compiled_now or sampled else self._label)
+        host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
         self.planner.after_batch(self._batch_index, host_ms=host_ms)
         self._batch_index += 1
