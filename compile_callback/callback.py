@@ -469,11 +469,6 @@ class CompileCallback(Callback):
                 graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
-        if self._label == EAGER and self._on_gpu:
-            # The eager baseline's host time says whether the step is launch-bound: issuing it must be
-            # timed from an empty queue. Without a sync the host runs ahead until the launch queue is
-            # full and then waits for the GPU, so every step would look launch-bound. A few batches, once.
-            torch.cuda.synchronize(pl_module.device)
         self._host_start = time.perf_counter()
         self.timer.start()
 

@@ -264,7 +264,11 @@ class AutoPlanner:
         device_ms = self.eager_ms
         host_ms = statistics.median(self._host_ms) if self._host_ms else None
         if self.device.type == "cuda" and device_ms and host_ms:
-            # The GPU waits on the host when issuing the step takes about as long as running it.
+            # The GPU waits on the host when issuing the step takes about as long as running it. Measured
+            # as the loop runs: with no host sync per step the host runs ahead until the launch queue is
+            # full and then waits, so its time nears the device's and CUDA graphs are tried first (on
+            # the H200 that was the right call for ResNet-50/18 and within 1% of default mode for
+            # GPT-2). Timing the issue from an empty queue would need a sync; see benchmarks/NOTES.md.
             self.launch_bound = bool(self.agree(host_ms >= 0.7 * device_ms))
         current_ms = self.eager_ms
         trials = 0
