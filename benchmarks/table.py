@@ -373,7 +373,8 @@ def render_anatomy_table(results: Sequence[dict[str, Any]]) -> str:
             if anatomy.get("kernels_note"):
                 fallbacks += " (CUDA graphs: replayed kernels not visible)"
             lines.append(
-                f"| {result['workload']} | {record['variant']} | {str(result.get('date', ''))[:16]} | {plan or 'eager'} | "
+                f"| {result['workload']} | {record['variant']} | {str(result.get('date', ''))[:16]}"
+                f"{' (experiment)' if is_experiment(result) else ''} | {plan or 'eager'} | "
                 f"{_percent(anatomy.get('graph_coverage'))} | {_number(anatomy.get('eager_ops'), '.0f')} / "
                 f"{_number(anatomy.get('step_ops'), '.0f')} | {_percent(anatomy.get('backend_coverage'))} | {fallbacks} | "
                 f"{_number(anatomy.get('guard_checks'), '.0f')} × {_number(anatomy.get('guard_us_per_call'), '.0f')} "

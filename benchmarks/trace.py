@@ -28,6 +28,12 @@ def _device_us(event: Any) -> float:
     return float(getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0) or 0.0)
 
 
+def _is_annotation(event: Any) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or "#" in event.name or event.name.startswith(
+        ("ProfilerStep", "compile_callback::")
+    )
+
+
 def summarize_trace(events: list[Any], steps: int, wall_s: float, title: str) -> str:
     """The trace as Markdown: per-step wall and GPU busy time, waits, launches, top kernels and host ops."""
     kernels: collections.Counter[str] = collections.Counter()
@@ -36,6 +42,8 @@ def summarize_trace(events: list[Any], steps: int, wall_s: float, title: str) ->
     runtime: collections.Counter[str] = collections.Counter()
     for event in events:
         if event.device_type == DeviceType.CUDA:
+            if _is_annotation(event):
+                continue  # a host range drawn on the GPU timeline (Optimizer.step#...), not GPU work
             kernels[event.name] += _device_us(event)
             kernel_calls[event.name] += 1
             continue
