@@ -51,3 +51,49 @@ def test_compile_keeps_state_dict_keys_and_revert_restores_eager():
 def test_options_refuse_mode_for_default():
     assert "mode" not in CompileOptions(mode="default").as_kwargs()
     assert CompileOptions(mode="reduce-overhead").as_kwargs()["mode"] == "reduce-overhead"
+
+
+def _rerouted_call(module, method_name, *args):
+    """What Lightning's DDP strategy does to call ``training_step``: patch ``forward``, call the module."""
+    original_forward = module.forward
+
+    def wrapped_forward(*inner_args):
+        module.forward = original_forward
+        return getattr(module, method_name)(*inner_args)
+
+    module.forward = wrapped_forward
+    return module(*args)
+
+
+def test_compiled_root_runs_a_rerouted_call_eagerly_and_its_own_forward_compiled():
+    from torch._dynamo.testing import CompileCounter
+
+    model = TinyModel()
+    counter = CompileCounter()
+    (region,) = resolve_regions(model, ["model"])
+    compile_region(region, CompileOptions(backend=counter))
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    for _ in range(3):
+        loss = _rerouted_call(model, "training_step", (x, y), 0)
+        loss.backward()
+    assert model.batches_seen == 3  # training_step ran once per call, never twice
+    assert counter.frame_count == 1  # one graph: the forward; training_step (and its self.log) never traced
+    assert torch_internals.is_module_compiled(model)
+    revert_region(region)
+    assert not torch_internals.is_module_compiled(model)
+
+
+def test_a_patched_forward_of_an_inner_module_stays_compiled():
+    """Only the root is run eagerly under a patched forward: hooks some libraries install on inner
+    modules' forward keep their compiled code."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = TinyModel()
+    counter = CompileCounter()
+    (region,) = resolve_regions(model, ["head"])
+    compile_region(region, CompileOptions(backend=counter))
+    head = model.head
+    plain_forward = head.forward
+    head.forward = lambda x: plain_forward(x) * 1.0  # a library's wrapper around forward
+    head(torch.randn(4, 16))
+    assert counter.frame_count >= 1
