@@ -141,9 +141,14 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         epoch_steps = VARLEN_LENGTHS * math.ceil(max(budget, measured) / VARLEN_LENGTHS)
         epochs = args.epochs or (2 if args.smoke else 3)
         total, measured = epochs * epoch_steps, epoch_steps
+        if args.trace_steps > total - measured:
+            raise ValueError(
+                f"--trace-steps ({args.trace_steps}) must fit before the last epoch ({total - measured} steps); "
+                f"ask for fewer, or more --epochs."
+            )
     else:
         epoch_steps = None
-        total = args.total_steps or budget + measured
+        total = args.total_steps or budget + args.trace_steps + measured  # traced steps after the trials
         if total < measured + args.trace_steps:
             raise ValueError(
                 f"--total-steps ({total}) must be at least --steps ({measured}) + --trace-steps ({args.trace_steps})."

@@ -19,6 +19,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
+from compile_callback import torch_internals
+
 # CUDA runtime calls that make the host wait for the device, and the ones that launch work.
 WAITING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync")
@@ -64,7 +66,7 @@ def summarize_trace(events: list[Any], steps: int, wall_s: float, title: str) ->
     if kernels:
         idle_ms = max(0.0, wall_ms - busy_ms)
         lines += [
-            f"| GPU busy (kernels, copies, memsets) | {busy_ms:.3f} ms |",
+            f"| GPU busy (kernels, copies, memsets; summed over streams) | {busy_ms:.3f} ms |",
             f"| GPU idle (waiting for the host) | {idle_ms:.3f} ms ({idle_ms / wall_ms:.1%}) |",
         ]
     else:
@@ -97,6 +99,8 @@ class StepTrace(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         cuda = pl_module.device.type == "cuda"
+        if self._batches == self.first and torch_internals.profiler_running():
+            self.first += 1  # another profiler (a CompileCallback sample) still runs: start one batch later
         if self._batches == self.first:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             if cuda:

@@ -30,7 +30,8 @@ class Variant:
         pad_to_max: batches padded to the model's context length (one shape, one graph).
         callback: keyword arguments of ``CompileCallback`` (None: no callback).
         progress_bar_loss: the module logs its training loss with ``prog_bar=True``, which makes Lightning
-            read it on the host after every batch (a host sync per step); GPT workloads only.
+            read it on the host after every batch (a host sync per step); for modules with the recipes'
+            ``train_loss_in_progress_bar`` switch (the GPT workloads; the convnet workloads' module has none).
     """
 
     name: str

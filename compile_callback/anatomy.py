@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -58,7 +58,6 @@ PROGRESS_BAR_FRAME = "convert_tensors_to_scalars"
 PROGRESS_BAR_SITE = "Lightning: metrics logged with prog_bar=True, converted to numbers after each batch"
 # Lightning's flush of logged metrics to the loggers: every log_every_n_steps, not every step.
 LOGGER_FLUSH_FRAMES = {"update_train_step_metrics", "log_metrics"}
-FRAMEWORK_PREFIXES = ("torch/", "lightning/", "lightning_utilities/", "pytorch_lightning/", "lightning_fabric/")
 
 
 @dataclasses.dataclass
@@ -266,111 +265,172 @@ class HostSyncs:
     """The host syncs seen between two training steps (one batch's end to the next one's start).
 
     Attributes:
-        count: host reads of a tensor's value in that interval, made at every step.
-        sites: where each was made, by Python frame (``file(line): function``), with its count.
-        progress_bar: some were Lightning converting metrics logged with ``prog_bar=True``.
-        periodic: reads by Lightning's flush to the loggers, made every ``log_every_n_steps`` only
-            (the probed interval may or may not be one of those): not in ``count``.
-        named: the reads were seen with their Python stacks, so they are attributed and sorted as
-            above; otherwise ``count`` is every ``aten::_local_scalar_dense`` of the interval.
+        count: reads made at every step: the sum of the kinds below but ``periodic``.
+        sites: reads by the training code, by Python frame (``file(line): function``), with counts.
+        lightning_sites: reads Lightning makes itself at every batch (e.g. its SIGTERM broadcast under
+            multi-process strategies), by frame.
+        progress_bar: reads by Lightning's conversion of metrics logged with ``prog_bar=True``.
+        unseen: reads the profiler saw but no Python call made directly (inside another torch call,
+            e.g. formatting or printing a tensor).
+        periodic: reads that are not per step, not in ``count``: Lightning's flush to the loggers
+            (every ``log_every_n_steps``) and this callback's own periodic logging.
+        named: the reads were seen with their Python stacks and sorted as above; otherwise ``count``
+            is every ``aten::_local_scalar_dense`` of the interval and nothing else is known.
     """
 
     count: int = 0
-    periodic: int = 0
     sites: dict[str, int] = dataclasses.field(default_factory=dict)
-    progress_bar: bool = False
+    lightning_sites: dict[str, int] = dataclasses.field(default_factory=dict)
+    progress_bar: int = 0
+    unseen: int = 0
+    periodic: int = 0
     named: bool = True
 
+    def all_sites(self) -> dict[str, int]:
+        """Every per-step site with its count, for the report."""
+        named = {**self.sites, **self.lightning_sites}
+        if self.progress_bar:
+            named[PROGRESS_BAR_SITE] = self.progress_bar
+        if self.unseen:
+            named[UNSEEN_SITE] = self.unseen
+        return named
 
-# What makes the host wait for a device tensor's value (the first group for a tensor on the training
-# device, the second only for a tensor off the CPU, where it is a device-to-host copy).
+
+# Reads of a tensor's value (a host sync for a tensor on the GPU), and copies to the host (a sync
+# unless non_blocking, only for a tensor off the CPU).
 VALUE_READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy"})
 HOST_COPIES = frozenset({"cpu", "nonzero", "to"})
+FRAMEWORK_MODULES = frozenset({"lightning", "lightning_utilities", "lightning_fabric", "pytorch_lightning"})
+OWN_MODULE = "compile_callback"
+UNSEEN_SITE = "(no Python call of its own: inside another torch call, e.g. formatting or printing a tensor)"
 
 
-def _frame_name(frame: traceback.FrameSummary) -> str:
-    """``lightning/pytorch/loops/fit_loop.py(217): run``: the path inside site-packages, else the path
-    from the working directory, else the file name."""
-    path = frame.filename.replace(os.sep, "/")
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """One Python frame of a host read's stack: its module (``__name__``) and where it is."""
+
+    module: str
+    where: str  # "lightning/pytorch/loops/fit_loop.py(217): run"
+    function: str
+
+    @property
+    def package(self) -> str:
+        return self.module.split(".", 1)[0]
+
+
+def _short_path(filename: str) -> str:
+    """The path inside site-packages, else the path from the working directory, else the file name."""
+    path = filename.replace(os.sep, "/")
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
-            path = path.rsplit(marker, 1)[1]
-            break
-    else:
-        relative = os.path.relpath(frame.filename)
-        path = relative.replace(os.sep, "/") if not relative.startswith("..") else os.path.basename(path)
-    return f"{path}({frame.lineno}): {frame.name}"
+            return path.rsplit(marker, 1)[1]
+    relative = os.path.relpath(filename)
+    return relative.replace(os.sep, "/") if not relative.startswith("..") else os.path.basename(path)
+
+
+def _stack_here(skip: int) -> list[Frame]:
+    """The calling Python frames, innermost first, ``skip`` frames above this one."""
+    frames = []
+    frame = inspect.currentframe()
+    for _ in range(skip + 1):
+        frame = frame.f_back if frame is not None else None
+    while frame is not None:
+        code = frame.f_code
+        frames.append(Frame(
+            str(frame.f_globals.get("__name__", "")), f"{_short_path(code.co_filename)}({frame.f_lineno}): {code.co_name}",
+            code.co_name,
+        ))
+        frame = frame.f_back
+    return frames
 
 
 def _copies_to_host(name: str, tensor: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if tensor.device.type == "cpu":
+    if tensor.device.type == "cpu" or kwargs.get("non_blocking"):
         return False
     if name != "to":
         return True
-    targets = [*args[1:], kwargs.get("device")]
-    return any(str(t) == "cpu" or getattr(t, "type", None) == "cpu" for t in targets if t is not None)
+    for target in (*args[1:], kwargs.get("device")):
+        if isinstance(target, (str, torch.device)):
+            try:
+                if torch.device(target).type == "cpu":
+                    return True
+            except RuntimeError:
+                continue  # a dtype name or such: not a device
+    return False
 
 
 class _HostReadRecorder(TorchFunctionMode):
-    """Records the Python stack of every host read of a tensor's value made while it is active."""
+    """Records the Python stack of every host read made while it is active, in this process only
+    (a DataLoader worker forked meanwhile inherits the mode and must not record)."""
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
         self.device_type = device_type
-        self.stacks: list[list[traceback.FrameSummary]] = []
+        self.pid = os.getpid()
+        self.stacks: list[list[Frame]] = []
+        self.value_reads = 0  # every value read, on any device: what the profiler's count can be held to
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if tensor is not None and (
-            (name in VALUE_READS and tensor.device.type == self.device_type)
-            or (name in HOST_COPIES and _copies_to_host(name, tensor, args, kwargs))
-        ):
-            self.stacks.append(traceback.extract_stack()[:-1])  # without this frame
+        if tensor is not None and os.getpid() == self.pid:
+            name = getattr(func, "__name__", "")
+            if name in VALUE_READS:
+                self.value_reads += 1
+                if tensor.device.type == self.device_type:
+                    self.stacks.append(_stack_here(1))
+            elif name in HOST_COPIES and _copies_to_host(name, tensor, args, kwargs):
+                self.stacks.append(_stack_here(1))
         return func(*args, **kwargs)
 
 
-def name_host_reads(stacks: Iterable[Sequence[traceback.FrameSummary]]) -> HostSyncs:
-    """Sorts and names host reads by their Python stacks.
+def name_host_reads(stacks: Iterable[Sequence[Frame]], *, unseen: int = 0) -> HostSyncs:
+    """Sorts host reads by their stacks (innermost first); ``unseen`` reads had no Python call.
 
-    The innermost frame outside torch decides: the user's code is named as it is; in Lightning, the
-    flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, and the
-    conversion of progress-bar metrics (every batch) is named as such.
+    The innermost frame outside torch decides: the training code's is named as it is. In Lightning,
+    the flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, the
+    conversion of progress-bar metrics (every batch) is named as such, and anything else is
+    Lightning's own per-batch read. This callback's own reads are periodic.
     """
-    result = HostSyncs()
+    result = HostSyncs(unseen=unseen)
     sites: collections.Counter[str] = collections.Counter()
+    lightning: collections.Counter[str] = collections.Counter()
     for stack in stacks:
-        frames = [_frame_name(frame) for frame in reversed(stack)]  # innermost first
-        frames = [frame for frame in frames if not frame.startswith("torch/")]
-        functions = {frame.rsplit("): ", 1)[-1] for frame in frames}
-        if frames and frames[0].startswith(FRAMEWORK_PREFIXES):
-            if functions & LOGGER_FLUSH_FRAMES:
-                result.periodic += 1
-                continue
-            if PROGRESS_BAR_FRAME in functions:
-                result.progress_bar = True
-                sites[PROGRESS_BAR_SITE] += 1
-                result.count += 1
-                continue
-        sites[frames[0] if frames else "(no Python frame)"] += 1
-        result.count += 1
+        frames = [frame for frame in stack if frame.package != "torch"]
+        if not frames:
+            sites["(no Python frame)"] += 1
+            continue
+        first, functions = frames[0], {frame.function for frame in frames}
+        if first.package == OWN_MODULE:
+            result.periodic += 1
+        elif first.package not in FRAMEWORK_MODULES:
+            sites[first.where] += 1
+        elif functions & LOGGER_FLUSH_FRAMES:
+            result.periodic += 1
+        elif PROGRESS_BAR_FRAME in functions:
+            result.progress_bar += 1
+        else:
+            lightning[first.where] += 1
     result.sites = dict(sites.most_common())
+    result.lightning_sites = dict(lightning.most_common())
+    result.count = sum(sites.values()) + sum(lightning.values()) + result.progress_bar + unseen
     return result
 
 
 class BetweenStepsProbe:
     """Looks at the host's work between two training steps for host syncs.
 
-    ``start`` at a batch's end (after the callbacks' ``on_train_batch_end``), ``stop`` at the next
-    callback hook: the next batch's start, or the epoch's end or validation. In between, Lightning logs,
-    updates the progress bar and fetches the next batch; a sync there leaves the GPU idle every step.
+    ``start`` at the very end of a batch (the callback's last act in ``on_train_batch_end``), ``stop``
+    at the next callback hook: the next batch's start, or the epoch's end or validation. In between,
+    Lightning logs, updates the progress bar and fetches the next batch; a sync there leaves the GPU
+    idle every step. The callback does not start one where validation may follow (its DataLoader
+    workers would be forked with the probe active).
 
-    Counting (``name=False``) profiles the interval's ATen ops (``torch.profiler``, CPU ops, a few
-    milliseconds) and counts every ``aten::_local_scalar_dense``, wherever it came from. Naming
-    (``name=True``) instead records, through a ``TorchFunctionMode``, the Python stack of every read of a
-    tensor's value (``.item()``, ``float()``, ``bool()``, ``.tolist()``, copies to the CPU); it only sees
-    reads made through Python, so it runs after a count found some.
+    Both kinds profile the interval's ATen ops (``torch.profiler``, CPU ops, a few milliseconds) and
+    count every ``aten::_local_scalar_dense``. Naming (``name=True``) also records, through a
+    ``TorchFunctionMode``, the Python stack of every read of a tensor's value (``.item()``,
+    ``float()``, ``bool()``, ``.tolist()``, copies to the CPU); reads the profiler saw that no Python call
+    made directly are reported as unseen. It runs after a count found reads.
     """
 
     def __init__(self) -> None:
@@ -378,15 +438,12 @@ class BetweenStepsProbe:
         self._recorder: _HostReadRecorder | None = None
         self.processing_seconds = 0.0
 
+    @property
+    def active(self) -> bool:
+        return self._profiler is not None
+
     def start(self, *, name: bool, device_type: str) -> bool:
-        if self._profiler is not None or self._recorder is not None:
-            return False
-        if name:
-            recorder = _HostReadRecorder(device_type)
-            recorder.__enter__()
-            self._recorder = recorder
-            return True
-        if torch_internals.profiler_running():
+        if self._profiler is not None or torch_internals.profiler_running():
             return False
         profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
         try:
@@ -396,54 +453,59 @@ class BetweenStepsProbe:
         except RuntimeError:
             return False
         self._profiler = profiler
+        if name:
+            self._recorder = _HostReadRecorder(device_type)
+            self._recorder.__enter__()
         return True
 
     def stop(self) -> HostSyncs | None:
-        started = time.perf_counter()
-        if self._recorder is not None:
-            recorder, self._recorder = self._recorder, None
-            recorder.__exit__(None, None, None)
-            syncs = name_host_reads(recorder.stacks)
-        elif self._profiler is not None:
-            profiler, self._profiler = self._profiler, None
-            profiler.stop()
-            reads = sum(1 for event in profiler.events() if event.name == HOST_SYNC_OP)
-            syncs = HostSyncs(count=reads, named=False)
-        else:
+        if self._profiler is None:
             return None
+        started = time.perf_counter()
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        reads = sum(1 for event in profiler.events() if event.name == HOST_SYNC_OP)
+        if recorder is not None:
+            syncs = name_host_reads(recorder.stacks, unseen=max(0, reads - recorder.value_reads))
+        else:
+            syncs = HostSyncs(count=reads, named=False)
         self.processing_seconds += time.perf_counter() - started
         return syncs
 
 
-def host_sync_advice(syncs: HostSyncs | None, in_step: int, progress_bar_keys: Sequence[str]) -> list[str]:
+def host_sync_advice(syncs: HostSyncs | None, in_step: int) -> list[str]:
     """What to change, one sentence per cause, for the syncs of a step and of the interval after it."""
     advice = []
     if syncs is not None and syncs.progress_bar:
-        keys = ", ".join(f"`{key}`" for key in progress_bar_keys) or "the progress-bar metrics"
         advice.append(
-            f"Lightning converts every metric logged with `prog_bar=True` in `training_step` to a Python "
-            f"number after each batch (shown now: {keys}). On a GPU that is a host sync per step: the GPU "
-            f"idles while the host prepares the next step, which a compiled step, being shorter, feels "
-            f"more. Log step metrics with `prog_bar=False` (the loggers still get them every "
-            f"`log_every_n_steps`), or show them only at epoch end (`on_step=False, on_epoch=True`)."
+            "Lightning converts every metric logged with `prog_bar=True` in `training_step` to a Python "
+            "number after each batch. On a GPU that is a host sync per step: the GPU idles while the host "
+            "prepares the next step, which a compiled step, being shorter, feels more. Log step metrics "
+            "with `prog_bar=False` (the loggers still get them every `log_every_n_steps`), or show them "
+            "only at epoch end (`on_step=False, on_epoch=True`)."
         )
-    if syncs is not None:
-        others = {site: n for site, n in syncs.sites.items() if site != PROGRESS_BAR_SITE}
-        lightning = {site: n for site, n in others.items() if site.startswith(FRAMEWORK_PREFIXES)}
-        own = {site: n for site, n in others.items() if site not in lightning}
-        if own:
-            where = "; ".join(f"{site} (x{n})" for site, n in own.items())
-            advice.append(
-                f"{sum(own.values())} host read(s) of a tensor's value between steps: {where}. Each makes "
-                f"the host wait for the GPU; keep such values on the device or read them every N steps."
-            )
-        if lightning:
-            where = "; ".join(f"{site} (x{n})" for site, n in lightning.items())
-            advice.append(
-                f"Lightning itself reads {sum(lightning.values())} value(s) on the host between steps: {where} "
-                f"(e.g. the SIGTERM flag it broadcasts every batch under multi-process strategies). The "
-                f"training code cannot turn these off; they cost most where the step is short."
-            )
+    if syncs is not None and syncs.sites:
+        where = "; ".join(f"{site} (x{n})" for site, n in syncs.sites.items())
+        advice.append(
+            f"{sum(syncs.sites.values())} host read(s) of a tensor's value between steps: {where}. Each "
+            f"makes the host wait for the GPU; keep such values on the device or read them every N steps."
+        )
+    if syncs is not None and syncs.unseen:
+        advice.append(
+            f"{syncs.unseen} host read(s) between steps made inside another torch call (formatting, printing "
+            f"or comparing a tensor, boolean-mask indexing), so no line can be named; look for those in "
+            f"the hooks that run after each batch."
+        )
+    if syncs is not None and syncs.lightning_sites:
+        where = "; ".join(f"{site} (x{n})" for site, n in syncs.lightning_sites.items())
+        advice.append(
+            f"Lightning itself reads {sum(syncs.lightning_sites.values())} value(s) on the host between "
+            f"steps: {where} (e.g. the SIGTERM flag it broadcasts every batch under multi-process "
+            f"strategies). The training code cannot turn these off; they cost most where the step is short."
+        )
     if in_step:
         advice.append(
             f"`training_step` and its backward read {in_step} tensor value(s) on the host per step "
@@ -494,7 +556,8 @@ class OpAnatomy:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.sampler = StepSampler()
-        self.probe = BetweenStepsProbe()  # started after each sampled batch, until the next hook
+        self.probe = BetweenStepsProbe()  # started after a sampled batch, until the next hook
+        self._probe_due = False  # a probe is to start at the next batch end that allows one
         self.host_syncs: HostSyncs | None = None  # the latest interval between two steps that was probed
         self._name_syncs_next = False  # reads were counted: the next interval's probe names them
         self.device_type = "cpu"  # the training device's type (set by the callback)
@@ -561,15 +624,20 @@ class OpAnatomy:
         """Ends the batch's sample, if any; returns whether the batch was sampled (and so is no timed
         step). ``compiled``: dynamo compiled during the batch, whose tracing ops are no steady-state
         step's: a compiled sample of such a batch is thrown away and taken again at a later batch.
-        After a sampled batch the interval up to the next batch is probed for host syncs."""
+        After a sampled batch the interval up to the next batch is to be probed for host syncs."""
         self.end_sample()
         kind, self._sampled_kind = self._sampled_kind, None
         if kind == "compiled" and compiled:
             self.compiled, self._sampled_plan, self._sampled_epoch = self._before_sample
-        if kind is not None or self._name_syncs_next:
-            self.probe.start(name=self._name_syncs_next, device_type=self.device_type)
-            self._name_syncs_next = False
+        if kind is not None:
+            self._probe_due = True
         return kind is not None
+
+    def start_probe_if_due(self, *, allowed: bool) -> None:
+        """Starts the probe of the interval from now to the next batch, if one is due and ``allowed``
+        (not where validation or the epoch's end may follow); call it last at a batch's end."""
+        if self._probe_due and allowed and self.probe.start(name=self._name_syncs_next, device_type=self.device_type):
+            self._probe_due = self._name_syncs_next = False
 
     def finish_probe(self) -> HostSyncs | None:
         """Ends the probe of the interval between steps, if one runs; returns what it found once it is
@@ -578,7 +646,7 @@ class OpAnatomy:
         if syncs is None:
             return None
         if not syncs.named and syncs.count:
-            self._name_syncs_next = True
+            self._name_syncs_next = self._probe_due = True
             return None
         self.host_syncs = syncs
         return syncs
@@ -663,7 +731,8 @@ class OpAnatomy:
             details["eager_op_names"] = dict(list(self.compiled.eager_op_names.items())[:20])
             details["sampled_step"] = self.compiled.as_dict()
         if self.host_syncs is not None:
-            details["host_sync_sites"] = self.host_syncs.sites
+            details["host_sync_sites"] = self.host_syncs.all_sites()
+            details["host_reads_periodic"] = self.host_syncs.periodic
         if self.eager is not None:
             details["eager_reference_step"] = {
                 "eager_ops": self.eager.eager_ops, "region_eager_ops": self.eager.region_eager_ops

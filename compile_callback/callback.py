@@ -237,7 +237,6 @@ class CompileCallback(Callback):
         self._anatomy_ops = OpAnatomy(backend)  # made again for each fit, in on_fit_start
         self._warned_host_syncs = False
         self._on_gpu = False
-        self._progress_bar_keys: list[str] = []
         self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
@@ -367,7 +366,6 @@ class CompileCallback(Callback):
         self._anatomy_ops.device_type = pl_module.device.type
         self._warned_host_syncs = False
         self._on_gpu = pl_module.device.type == "cuda"  # where a host sync costs time
-        self._progress_bar_keys = list(trainer.progress_bar_metrics)
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
@@ -456,8 +454,8 @@ class CompileCallback(Callback):
         assert self.planner is not None and self.watch is not None and self.timer is not None
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
+        self._finish_sync_probe()  # first: the planner may compile and run code below
         self._label = self.planner.before_batch(self._batch_index)
-        self._finish_sync_probe(trainer, pl_module)
         if self.anatomy and trainer.is_global_zero and not isinstance(trainer.profiler, PyTorchProfiler):
             watch = self.watch
             self._anatomy_ops.before_batch(
@@ -491,6 +489,20 @@ class CompileCallback(Callback):
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
+        self._anatomy_ops.start_probe_if_due(allowed=self._nothing_but_a_batch_follows(trainer, batch_idx))
+
+    @staticmethod
+    def _nothing_but_a_batch_follows(trainer: Trainer, batch_idx: int) -> bool:
+        """Whether the next hook is surely the next batch's start: not the epoch's last batch, not a
+        validation point, not the last step. (Validation makes its DataLoader workers before any hook,
+        and a fork would inherit a running host-sync probe.)"""
+        batches = trainer.num_training_batches
+        if isinstance(batches, (int, float)) and math.isfinite(batches) and batch_idx + 1 >= batches:
+            return False
+        every = trainer.val_check_batch
+        if isinstance(every, (int, float)) and math.isfinite(every) and every >= 1 and (batch_idx + 1) % int(every) == 0:
+            return False
+        return not (trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps)
 
     # -- anatomy sampling ----------------------------------------------------------------------------
     def _is_eager_reference_step(self) -> bool:
@@ -501,16 +513,13 @@ class CompileCallback(Callback):
             self._label == WARMUP or (self._label == EAGER and self.eager_baseline_steps >= 2)
         )
 
-    def _finish_sync_probe(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def _finish_sync_probe(self) -> None:
         """Ends the probe of the interval since the last sampled batch; on a GPU, says once what its
         host syncs cost and how to remove them (they also appear in the report's suggestions)."""
         syncs = self._anatomy_ops.finish_probe()
-        if syncs is None:
+        if syncs is None or self._warned_host_syncs or not self._on_gpu:
             return
-        self._progress_bar_keys = list(trainer.progress_bar_metrics)
-        if self._warned_host_syncs or not self._on_gpu:
-            return
-        advice = host_sync_advice(syncs, 0, self._progress_bar_keys)
+        advice = host_sync_advice(syncs, 0)
         if advice:
             self._warned_host_syncs = True
             rank_zero_warn(f"CompileCallback: {syncs.count} host sync(s) between training steps. " + " ".join(advice))
@@ -522,7 +531,7 @@ class CompileCallback(Callback):
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._finish_sync_probe(trainer, pl_module)
+        self._finish_sync_probe()
         if self.watch is not None:
             self.watch.collect()
             self.watch.set_phase(stage="validate", epoch=trainer.current_epoch, step=trainer.global_step)
@@ -535,7 +544,7 @@ class CompileCallback(Callback):
             self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._finish_sync_probe(trainer, pl_module)
+        self._finish_sync_probe()
         if self.watch is None:
             return
         self.watch.collect()
@@ -792,9 +801,7 @@ class CompileCallback(Callback):
         suggestions = []
         assert self.planner is not None
         if self._on_gpu:  # on a CPU the "device" is the host: reading a value there costs nothing extra
-            suggestions += host_sync_advice(
-                self._anatomy_ops.host_syncs, self._anatomy_ops.step_host_syncs or 0, self._progress_bar_keys
-            )
+            suggestions += host_sync_advice(self._anatomy_ops.host_syncs, self._anatomy_ops.step_host_syncs or 0)
         for region in self.planner.regions:
             if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
                 suggestions.append(

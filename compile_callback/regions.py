@@ -145,7 +145,7 @@ def compile_region(region: Region, options: CompileOptions, *, on_error: Any = N
     """
     for name, module in zip(region.module_names, region.modules):
         module.compile(**options.as_kwargs())
-        if name == "":  # the LightningModule: a strategy may reroute training_step through its forward
+        if name in ("", MODEL):  # the LightningModule: a strategy may reroute training_step through its forward
             torch_internals.eager_while_rerouted(module)
     region.compiled_with = options
     if on_error is not None:

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from compile_callback import CompileCallback
-from compile_callback.anatomy import PROGRESS_BAR_SITE, HostSyncs, host_sync_advice
+from compile_callback.anatomy import PROGRESS_BAR_SITE, UNSEEN_SITE, HostSyncs, host_sync_advice
 from tests.conftest import loader, make_trainer, read_scalars
 from tests.test_anatomy import FAST, LossInForward
 
@@ -86,16 +86,91 @@ def test_anatomy_off_probes_nothing(tmp_path):
 def test_advice_names_the_cause_and_the_fix():
     sigterm = "lightning/pytorch/loops/training_epoch_loop.py(259): _broadcast_sigterm_tensor"
     syncs = HostSyncs(
-        count=3, sites={PROGRESS_BAR_SITE: 1, "train.py(40): on_train_batch_end": 1, sigterm: 1}, progress_bar=True
+        count=5, sites={"train.py(40): on_train_batch_end": 1}, lightning_sites={sigterm: 1}, progress_bar=1,
+        unseen=2,
     )
-    advice = host_sync_advice(syncs, 1, ["train/loss"])
-    assert len(advice) == 4
-    assert "`train/loss`" in advice[0] and "prog_bar=False" in advice[0]
+    advice = host_sync_advice(syncs, 1)
+    assert len(advice) == 5
+    assert "prog_bar=False" in advice[0]
     assert "train.py(40): on_train_batch_end (x1)" in advice[1] and "sigterm" not in advice[1]
-    assert sigterm in advice[2] and "cannot turn these off" in advice[2]
-    assert "1 tensor value(s)" in advice[3]
-    assert host_sync_advice(HostSyncs(), 0, []) == []
-    assert host_sync_advice(None, 0, ["x"]) == []
+    assert advice[2].startswith("2 host read(s) between steps made inside another torch call")
+    assert sigterm in advice[3] and "cannot turn these off" in advice[3]
+    assert "1 tensor value(s)" in advice[4]
+    assert syncs.all_sites() == {
+        "train.py(40): on_train_batch_end": 1, sigterm: 1, PROGRESS_BAR_SITE: 1, UNSEEN_SITE: 2
+    }
+    assert host_sync_advice(HostSyncs(), 0) == []
+    assert host_sync_advice(None, 0) == []
+
+
+class FormatsAfterBatch(Logged):
+    """Reads the loss inside another torch call (``Tensor.__format__``): no Python read of its own."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.seen.append(f"{outputs['loss'].detach():.3f}")
+
+
+def test_a_read_inside_another_torch_call_is_counted_as_unseen(tmp_path):
+    anatomy = fit(tmp_path, FormatsAfterBatch(prog_bar=False))["anatomy"]
+    assert anatomy["host_syncs_between_steps"] == 1
+    assert anatomy["host_sync_sites"] == {UNSEEN_SITE: 1}
+
+
+def test_auto_planning_is_not_disturbed_by_the_probe(tmp_path):
+    """The probe ends before the planner acts: a trial's compile never sees the probe's mode."""
+    callback = CompileCallback(
+        "auto", backend="aot_eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=3, max_trials=1
+    )
+    make_trainer(tmp_path, [callback], max_epochs=2).fit(Logged(prog_bar=True), loader(batch_size=8))
+    report = callback.last_report
+    assert report["summary"]["recompiles"] == 0, report["recompile_causes"]
+    assert report["anatomy"]["host_syncs_between_steps"] == 1
+
+
+class ValidationLoaderSpy:
+    """A validation DataLoader that notes, each time its iterator is made, whether a probe runs."""
+
+    def __init__(self, callback, loader_):
+        self.callback, self.loader, self.seen = callback, loader_, []
+
+    def __iter__(self):
+        self.seen.append(self.callback._anatomy_ops.probe.active)
+        return iter(self.loader)
+
+    def __len__(self):
+        return len(self.loader)
+
+
+def test_no_probe_runs_when_validation_starts(tmp_path):
+    """Validation makes its DataLoader workers before any hook: a probe running then would be forked."""
+    callback = CompileCallback("model", backend="aot_eager", **FAST)
+
+    class Validated(Logged):
+        def validation_step(self, batch, batch_idx):
+            return None
+
+    spy = ValidationLoaderSpy(callback, loader(batch_size=8))
+    model = Validated(prog_bar=True)
+    model.val_dataloader = lambda: spy
+    # 12 batches an epoch, validation every 3: a sample ends right before several validation points
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3, val_check_interval=3, num_sanity_val_steps=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert spy.seen and not any(spy.seen), spy.seen
+    assert callback.last_report["anatomy"]["host_syncs_between_steps"] == 1
+
+
+def test_the_callbacks_own_periodic_reads_are_not_reported(tmp_path):
+    """With pad='auto' the callback reads its padding figures when it logs: not the user's to fix."""
+    from tests.conftest import TokenModel, VarLenDataset
+
+    class TokenLogged(TokenModel):
+        pass
+
+    callback = CompileCallback("model", backend="aot_eager", pad="auto", log_every_n_steps=1, **FAST)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2)
+    trainer.fit(TokenLogged(), loader(VarLenDataset([5, 9, 13]), batch_size=4))
+    anatomy = callback.last_report["anatomy"]
+    assert anatomy["host_syncs_between_steps"] == 0, anatomy["host_sync_sites"]
 
 
 @pytest.mark.cuda
