@@ -75,6 +75,10 @@ VARIANTS = {
             "callback_pad6", "Lightning, CompileCallback(pad='auto', pad_max_buckets=6)",
             callback={"pad": "auto", "pad_max_buckets": 6},
         ),
+        Variant(
+            "callback_pad8", "Lightning, CompileCallback(pad='auto', pad_max_buckets=8)",
+            callback={"pad": "auto", "pad_max_buckets": 8},
+        ),
     )
 }
 

@@ -41,7 +41,8 @@ VARIANTS = {
     # CUDA graphs are what pays on this launch-bound step (SPEC anchor: reduce-overhead 3.57x).
     "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),
     "gpt2_varlen": (
-        "bare_eager", "eager", "whole", "whole_padmax", "per_block", "callback", "callback_pad", "callback_pad6"
+        "bare_eager", "eager", "whole", "whole_padmax", "per_block", "callback", "callback_pad", "callback_pad6",
+        "callback_pad8",
     ),
 }
 WORKLOADS = tuple(VARIANTS)
