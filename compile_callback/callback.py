@@ -387,6 +387,7 @@ class CompileCallback(Callback):
                 verify=self.verify,
                 tolerance=self.verify_tolerance,
                 agree=lambda value: trainer.strategy.broadcast(value, src=0),
+                agree_all=lambda value: trainer.strategy.reduce_boolean_decision(bool(value), all=True),
                 remaining_batches=lambda: self._remaining_batches(trainer),
                 context=trainer.precision_plugin.forward_context,
             )

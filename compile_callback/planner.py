@@ -191,6 +191,7 @@ class AutoPlanner:
         agree: Callable[[Any], Any],
         remaining_batches: Callable[[], int],
         context: Callable[[], Any],
+        agree_all: Callable[[bool], bool] = bool,
     ) -> None:
         self.root = root
         self.options = options
@@ -205,7 +206,8 @@ class AutoPlanner:
         self.max_trials = max_trials
         self.verify = verify
         self.tolerance = tolerance
-        self.agree = agree
+        self.agree = agree  # rank 0's value, on every rank: decisions from timings
+        self.agree_all = agree_all  # true on every rank only if true on all: correctness
         self.remaining_batches = remaining_batches
         self.context = context
         self.decisions: list[Decision] = []
@@ -320,9 +322,11 @@ class AutoPlanner:
             yield WARMUP
         for _ in range(self.trial_steps):
             yield label
-        if not candidate.region.is_compiled:  # its guard reverted it during the trial
+        if not self.agree_all(candidate.region.is_compiled):  # its guard reverted it (on some rank) during the trial
+            failure = self._last_failure if not candidate.region.is_compiled else "on another rank"
+            revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
-                         reason=f"failed at run time during its trial, reverted to eager: {self._last_failure}")
+                         reason=f"failed at run time during its trial, reverted to eager: {failure}")
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
@@ -436,15 +440,19 @@ class AutoPlanner:
             self._decide(candidate, self.options, kept=False, reason="skipped: the run ends before a trial could finish")
             return False
         spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
+        reason = None
         if spent and current_ms:
             # Optimistic: compiling saves a quarter of the candidate's share of the step.
             estimate = max(spent) * max(candidate.share, 0.05)
             saving_s = 0.25 * candidate.share * current_ms / 1e3 * remaining
             if saving_s < estimate:
-                self._decide(candidate, self.options, kept=False,
-                             reason=f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s")
-                return False
-        return True
+                reason = f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s"
+        # Compile times and shares differ by rank; whether to try must not.
+        if bool(self.agree(reason is None)):
+            return True
+        self._decide(candidate, self.options, kept=False,
+                     reason=reason or "skipped: rank 0 judged that the batches left cannot repay a compile")
+        return False
 
     def _verify(self, region: Region) -> VerificationResult:
         assert self.profiler is not None
@@ -462,7 +470,12 @@ class AutoPlanner:
                 worst = result
             if not result.passed:
                 break
-        passed = bool(self.agree(worst.passed))
+        # Wrong on any rank is wrong: compiled code that differs from eager on one GPU must not train there.
+        passed = bool(self.agree_all(worst.passed))
+        if worst.passed and not passed:
+            return dataclasses.replace(
+                worst, passed=False, where=f"{worst.where} on this rank; another rank's compiled code failed its check"
+            )
         return dataclasses.replace(worst, passed=passed)
 
     @staticmethod

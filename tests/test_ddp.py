@@ -63,6 +63,12 @@ def test_ranks_agree_on_every_decision(tmp_path):
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
     assert rank0["decisions"] and rank0["decisions"] == rank1["decisions"]
+    # Wrong on rank 1 is wrong: every region that was checked is rejected on both ranks, none compiled.
+    checked = [kind for _, _, kind in rank0["decisions"] if not kind.startswith("skipped")]
+    assert checked and all(kind == "numerics differ from eager" for kind in checked), rank0["decisions"]
+    assert rank0["compiled"] == rank1["compiled"] == []
+    # the whole model is a candidate under DDP too (its rerouted training_step runs eagerly)
+    assert any(region == "model" for region, _, _ in rank0["decisions"]), rank0["decisions"]
     assert rank0["compiled"] == rank1["compiled"]
     assert rank0["head_weight_sum"] == pytest.approx(rank1["head_weight_sum"])
 
