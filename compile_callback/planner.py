@@ -349,7 +349,8 @@ class AutoPlanner:
         return trial_ms if keep else None
 
     def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
-        if any(self.watch.stats[r.name].recompiles for r in self.regions if r.name in self.watch.stats):
+        recompiled = any(self.watch.stats[r.name].recompiles for r in self.regions if r.name in self.watch.stats)
+        if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
         saved = {id(m): torch_internals.compiled_call(m) for r in self.regions for m in r.modules}
