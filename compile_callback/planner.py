@@ -144,6 +144,7 @@ class Candidate:
     forward_ms: float
     share: float
     mode: str | None = None
+    cold: bool = False  # too small a share (on this rank's timings) to be worth a compile of its own
 
     @property
     def name(self) -> str:
@@ -168,6 +169,8 @@ class AutoPlanner:
         timer: the callback's step timer; the planner reads medians from it.
         watch: the callback's compile watch; the planner reads compile seconds from it.
         agree: makes every rank take rank 0's value (``strategy.broadcast``); identity on one device.
+        agree_all: true on every rank only if true on every rank (``strategy.reduce_boolean_decision``);
+            for correctness: verification and a trial's survival. ``bool`` on one device.
         remaining_batches: how many training batches the run still has.
         context: the training step's forward context for verification (precision/autocast).
     """
@@ -212,6 +215,7 @@ class AutoPlanner:
         self.context = context
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
+        self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
         self.notes: list[str] = []
         self.frozen = False
         self.launch_bound: bool | None = None
@@ -283,7 +287,7 @@ class AutoPlanner:
             if trials >= self.max_trials:
                 self.notes.append(f"stopped after max_trials={self.max_trials}")
                 break
-            if any(d.kept and d.region == MODEL for d in self.decisions):
+            if any(r.name == MODEL for r in self._kept):
                 break  # the whole model is compiled: its parts (and other modes of it) are not tried
             if not self._worth_trying(candidate, current_ms):
                 continue
@@ -291,8 +295,16 @@ class AutoPlanner:
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
             if kept_ms is not None:
                 current_ms = kept_ms
+        # A kept region's guard reverts it on its own rank when its compiled code fails; before the
+        # ranks go on together, a region lost on one rank is given up on all of them.
+        if self._kept and not self.agree_all(all(r in self.regions for r in self._kept)):
+            for region in self._kept:
+                revert_region(region)
+            self.regions.clear()
+            self._kept.clear()
+            self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
-        if self.regions and self.launch_bound and self.options.mode is None and not tried_graphs:
+        if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
             trials += 1
             yield from self._mode_trial(current_ms)
         elif self.options.mode is None and self.device.type != "cuda":
@@ -335,6 +347,7 @@ class AutoPlanner:
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
         if keep:
             self.regions.append(candidate.region)
+            self._kept.append(candidate.region)
             reason = f"{speedup:.3f}x faster than the plan before it (threshold {threshold:.3f}x)"
         else:
             revert_region(candidate.region)
@@ -353,35 +366,56 @@ class AutoPlanner:
         if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
-        saved = {id(m): torch_internals.compiled_call(m) for r in self.regions for m in r.modules}
-        kept = list(self.regions)
+        kept = list(self._kept)
+        saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
+        saved_with = {id(r): r.compiled_with for r in kept}
         options = dataclasses.replace(self.options, mode="reduce-overhead")
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
         compile_region(group, options)
         verdict = self._verify(group)
         label = "trial:reduce-overhead"
-        keep = False
+        keep, survived = False, True
         trial_ms = speedup = None
+        failures: list[str] = []
+        outcome = {"kept": False}
+
+        def on_error(region: Region, error: BaseException) -> None:
+            # During the trial a failure is noted (the guard has reverted the region on this rank); once
+            # kept, it is any kept region's failure.
+            if outcome["kept"]:
+                self._failed(region, error)
+            else:
+                failures.append(torch_internals.describe_error(error)[:300])
+
         if verdict.passed:
+            for region in kept:
+                guard_region(region, on_error)
             for _ in range(self.warmup_steps + 2):  # CUDA graphs record on the third call
                 yield WARMUP
             for _ in range(self.trial_steps):
                 yield label
-            trial_ms = self.timer.median_ms(label, wait=True)
-            speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
-            keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
+            survived = bool(self.agree_all(not failures))  # failed on any rank: given up on all
+            if survived:
+                trial_ms = self.timer.median_ms(label, wait=True)
+                speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
+                keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
         if keep:
+            outcome["kept"] = True
             for region in kept:
                 region.compiled_with = options
-                guard_region(region, self._failed)  # the group's compiled calls replaced the guarded ones
             reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"
         else:
-            for region in kept:
+            for region in kept:  # back to the default-mode compiled code, without compiling again
+                region.compiled_with = saved_with[id(region)]
                 for module in region.modules:
                     torch_internals.restore_compiled_call(module, saved[id(module)])
-            reason = self._failure_reason(verdict) if not verdict.passed else (
-                f"CUDA graphs not faster: {speedup:.3f}x" if speedup else "no steady steps could be timed")
+            if not verdict.passed:
+                reason = self._failure_reason(verdict)
+            elif not survived:
+                reason = f"CUDA graphs failed at run time during the trial: {failures[0] if failures else 'on another rank'}"
+            else:
+                reason = f"CUDA graphs not faster: {speedup:.3f}x" if speedup else "no steady steps could be timed"
         self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        step_ms=trial_ms, baseline_ms=current_ms,
@@ -419,30 +453,33 @@ class AutoPlanner:
             if region == MODEL:
                 continue
             ms = sum(forward.get(name, 0.0) for name in members)
+            candidate = Candidate(Region(region, members, [named[n] for n in members]), ms, ms / total)
             if region in members:  # a top-level child: worth a compile of its own only when hot
                 child = named[region]
                 has_params = any(p.requires_grad for p in child.parameters())
-                if not (ms / total >= MIN_SHARE and region in self.profiler.held_inputs and (has_params or ms > 0)):
-                    continue
-            candidates.append(Candidate(Region(region, members, [named[n] for n in members]), ms, ms / total))
+                candidate.cold = not (
+                    ms / total >= MIN_SHARE and region in self.profiler.held_inputs and (has_params or ms > 0)
+                )
+            candidates.append(candidate)
         return candidates
 
     def _order(self, candidates: list[Candidate]) -> list[Candidate]:
-        whole = [c for c in candidates if c.name == MODEL]
-        parts = sorted((c for c in candidates if c.name != MODEL), key=lambda c: -c.share)
-        order = [c.name for c in whole + parts]
-        order = self.agree(order)  # profiled times differ by rank; the order must not
+        """Whole model first, then the hot parts by share. Shares come from each rank's own timings, so
+        rank 0's choice and order are every rank's (all ranks hold the same candidates, cold or not)."""
+        hot = [c for c in candidates if not c.cold]
+        whole = [c for c in hot if c.name == MODEL]
+        parts = sorted((c for c in hot if c.name != MODEL), key=lambda c: -c.share)
+        order = self.agree([c.name for c in whole + parts])
         by_name = {c.name: c for c in candidates}
-        return [by_name[name] for name in order if name in by_name]
+        return [by_name[name] for name in order]
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
         remaining = self.remaining_batches() - (self.warmup_steps + self.trial_steps)
-        if remaining <= 0:
-            self._decide(candidate, self.options, kept=False, reason="skipped: the run ends before a trial could finish")
-            return False
         spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
         reason = None
-        if spent and current_ms:
+        if remaining <= 0:
+            reason = "skipped: the run ends before a trial could finish"
+        elif spent and current_ms:
             # Optimistic: compiling saves a quarter of the candidate's share of the step.
             estimate = max(spent) * max(candidate.share, 0.05)
             saving_s = 0.25 * candidate.share * current_ms / 1e3 * remaining

@@ -1,0 +1,119 @@
+"""The CUDA-graph (reduce-overhead) trial of the kept plan, driven step by step on CPU with Inductor.
+
+On a CPU Inductor skips the CUDA graphs themselves, but the trial's logic is the same: its guard, the
+agreement that it survived on every rank, keep or restore.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from compile_callback import torch_internals
+from compile_callback.planner import AutoPlanner
+from compile_callback.regions import CompileOptions, compile_region, resolve_regions
+from compile_callback.watch import CompileWatch
+
+
+class Flaky(nn.Module):
+    """A head whose forward raises while ``fail`` is set (in compiled and eager code alike)."""
+
+    fail = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if Flaky.fail:
+            raise RuntimeError("injected failure")
+        return self.linear(x).relu()
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = Flaky()
+
+
+def make_planner(model: nn.Module, x: torch.Tensor, trial_ms: float) -> AutoPlanner:
+    (region,) = resolve_regions(model, ["head"])
+    watch = CompileWatch({id(region.modules[0]): "head"}, {id(m): n for n, m in model.named_modules()})
+    planner = AutoPlanner(
+        model, CompileOptions(backend="inductor"), timer=SimpleNamespace(median_ms=lambda label, wait: trial_ms),
+        watch=watch, device=torch.device("cpu"), warmup_steps=1, profile_steps=1, baseline_steps=1,
+        trial_steps=2, min_speedup=1.05, max_trials=3, verify=True, tolerance=None, agree=lambda v: v,
+        remaining_batches=lambda: 10**6, context=lambda: torch.autocast("cpu", enabled=False),
+    )
+    planner.profiler = SimpleNamespace(held_inputs={"head": ((x,), {})})
+    watch.add_region(region)
+    compile_region(region, planner.options, on_error=planner._failed)  # kept in default mode
+    planner.regions.append(region)
+    planner._kept.append(region)
+    return planner
+
+
+def drive(planner: AutoPlanner, model: nn.Module, x: torch.Tensor, fail_at: int | None = None) -> None:
+    for index, _label in enumerate(planner._mode_trial(current_ms=2.0)):
+        Flaky.fail = index == fail_at
+        try:
+            model.head(x).sum().backward()
+        except RuntimeError:
+            assert fail_at == index  # the eager rerun fails too: the step itself is lost, as it would be
+        finally:
+            Flaky.fail = False
+
+
+@pytest.fixture(autouse=True)
+def _no_failure():
+    Flaky.fail = False
+    yield
+    Flaky.fail = False
+
+
+def test_a_faster_trial_is_kept_and_its_later_failures_revert_the_region():
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    drive(planner, model, x)
+    decision = planner.decisions[-1]
+    assert decision.kept and decision.mode == "reduce-overhead", decision
+    (region,) = planner.regions
+    assert region.compiled_with.mode == "reduce-overhead"
+    Flaky.fail = True
+    with pytest.raises(RuntimeError):
+        model.head(x)
+    assert planner.regions == [] and not region.is_compiled  # a kept region's failure: reverted, dropped
+
+
+def test_a_trial_that_fails_at_run_time_restores_the_default_mode_plan():
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    (region,) = planner.regions
+    default_call = torch_internals.compiled_call(region.modules[0])
+    drive(planner, model, x, fail_at=2)  # after warm-up, in the timed steps
+    decision = planner.decisions[-1]
+    assert not decision.kept
+    assert decision.reason.startswith("CUDA graphs failed at run time during the trial: "), decision.reason
+    assert "injected failure" in decision.reason
+    assert region.is_compiled and region.compiled_with.mode is None  # the default-mode plan is back
+    assert torch_internals.compiled_call(region.modules[0]) is default_call  # without compiling again
+    assert planner.regions == [region]
+
+
+def test_a_failure_on_another_rank_is_a_failure_here():
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    calls = []
+
+    def agree_all(value):  # as reduce_boolean_decision(all=True) with another rank that failed
+        calls.append(value)
+        return False if len(calls) == 2 else bool(value)  # 1st: verification; 2nd: the trial survived
+
+    planner.agree_all = agree_all
+    drive(planner, model, x)
+    decision = planner.decisions[-1]
+    assert not decision.kept and decision.reason.endswith("during the trial: on another rank"), decision.reason
+    assert planner.regions[0].is_compiled and planner.regions[0].compiled_with.mode is None
