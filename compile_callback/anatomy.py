@@ -37,6 +37,7 @@ import inspect
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -273,7 +274,7 @@ class HostSyncs:
         unseen: reads the profiler saw but no Python call made directly (inside another torch call,
             e.g. formatting or printing a tensor).
         periodic: reads that are not per step, not in ``count``: Lightning's flush to the loggers
-            (every ``log_every_n_steps``) and this callback's own periodic logging.
+            (every ``log_every_n_steps``).
         named: the reads were seen with their Python stacks and sorted as above; otherwise ``count``
             is every ``aten::_local_scalar_dense`` of the interval and nothing else is known.
     """
@@ -299,9 +300,9 @@ class HostSyncs:
 # Reads of a tensor's value (a host sync for a tensor on the GPU), and copies to the host (a sync
 # unless non_blocking, only for a tensor off the CPU).
 VALUE_READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy"})
+SCALAR_READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__"})  # one _local_scalar_dense each
 HOST_COPIES = frozenset({"cpu", "nonzero", "to"})
 FRAMEWORK_MODULES = frozenset({"lightning", "lightning_utilities", "lightning_fabric", "pytorch_lightning"})
-OWN_MODULE = "compile_callback"
 UNSEEN_SITE = "(no Python call of its own: inside another torch call, e.g. formatting or printing a tensor)"
 
 
@@ -368,7 +369,7 @@ class _HostReadRecorder(TorchFunctionMode):
         self.device_type = device_type
         self.pid = os.getpid()
         self.stacks: list[list[Frame]] = []
-        self.value_reads = 0  # every value read, on any device: what the profiler's count can be held to
+        self.value_reads = 0  # scalar reads on any device: what the profiler's _local_scalar_dense count holds
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -376,7 +377,7 @@ class _HostReadRecorder(TorchFunctionMode):
         if tensor is not None and os.getpid() == self.pid:
             name = getattr(func, "__name__", "")
             if name in VALUE_READS:
-                self.value_reads += 1
+                self.value_reads += name in SCALAR_READS
                 if tensor.device.type == self.device_type:
                     self.stacks.append(_stack_here(1))
             elif name in HOST_COPIES and _copies_to_host(name, tensor, args, kwargs):
@@ -390,7 +391,8 @@ def name_host_reads(stacks: Iterable[Sequence[Frame]], *, unseen: int = 0) -> Ho
     The innermost frame outside torch decides: the training code's is named as it is. In Lightning,
     the flush to the loggers (every ``log_every_n_steps``, not every step) is counted apart, the
     conversion of progress-bar metrics (every batch) is named as such, and anything else is
-    Lightning's own per-batch read. This callback's own reads are periodic.
+    Lightning's own read (per batch, or periodic such as a checkpoint every N steps: one interval
+    cannot tell).
     """
     result = HostSyncs(unseen=unseen)
     sites: collections.Counter[str] = collections.Counter()
@@ -401,9 +403,7 @@ def name_host_reads(stacks: Iterable[Sequence[Frame]], *, unseen: int = 0) -> Ho
             sites["(no Python frame)"] += 1
             continue
         first, functions = frames[0], {frame.function for frame in frames}
-        if first.package == OWN_MODULE:
-            result.periodic += 1
-        elif first.package not in FRAMEWORK_MODULES:
+        if first.package not in FRAMEWORK_MODULES:
             sites[first.where] += 1
         elif functions & LOGGER_FLUSH_FRAMES:
             result.periodic += 1
@@ -415,6 +415,18 @@ def name_host_reads(stacks: Iterable[Sequence[Frame]], *, unseen: int = 0) -> Ho
     result.lightning_sites = dict(lightning.most_common())
     result.count = sum(sites.values()) + sum(lightning.values()) + result.progress_bar + unseen
     return result
+
+
+_RUNNING_PROBES: weakref.WeakSet[BetweenStepsProbe] = weakref.WeakSet()
+
+
+def _abort_running_probes() -> None:
+    """Before a fork (DataLoader workers): a child must not inherit a running profiler or mode."""
+    for probe in list(_RUNNING_PROBES):
+        probe.abort()
+
+
+os.register_at_fork(before=_abort_running_probes)
 
 
 class BetweenStepsProbe:
@@ -437,6 +449,7 @@ class BetweenStepsProbe:
         self._profiler: torch.profiler.profile | None = None
         self._recorder: _HostReadRecorder | None = None
         self.processing_seconds = 0.0
+        self.aborted = False  # stopped without a result since the last start
 
     @property
     def active(self) -> bool:
@@ -445,6 +458,7 @@ class BetweenStepsProbe:
     def start(self, *, name: bool, device_type: str) -> bool:
         if self._profiler is not None or torch_internals.profiler_running():
             return False
+        self.aborted = False
         profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
         try:
             with warnings.catch_warnings():
@@ -456,11 +470,25 @@ class BetweenStepsProbe:
         if name:
             self._recorder = _HostReadRecorder(device_type)
             self._recorder.__enter__()
+        _RUNNING_PROBES.add(self)
         return True
+
+    def abort(self) -> None:
+        """Stops without a result: the interval held more than the work between two steps."""
+        if self._profiler is None:
+            return
+        _RUNNING_PROBES.discard(self)
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        self.aborted = True
 
     def stop(self) -> HostSyncs | None:
         if self._profiler is None:
             return None
+        _RUNNING_PROBES.discard(self)
         started = time.perf_counter()
         recorder, self._recorder = self._recorder, None
         if recorder is not None:
@@ -644,6 +672,8 @@ class OpAnatomy:
         known (None while reads counted by the profiler wait to be named by the next interval's probe)."""
         syncs = self.probe.stop()
         if syncs is None:
+            if self.probe.aborted:  # a fork cut it short: probe again later
+                self.probe.aborted, self._probe_due = False, True
             return None
         if not syncs.named and syncs.count:
             self._name_syncs_next = self._probe_due = True
@@ -651,10 +681,17 @@ class OpAnatomy:
         self.host_syncs = syncs
         return syncs
 
+    def abort_probe(self) -> None:
+        """Stops the probe without a result (validation or the epoch's end came before the next
+        batch: not the interval between two steps); it runs again at a later batch."""
+        if self.probe.active:
+            self.probe.abort()
+            self.probe.aborted, self._probe_due = False, True
+
     def close(self) -> None:
         """Stops whatever profiler runs (a step raised, or fit ended)."""
         self.end_sample()
-        self.finish_probe()
+        self.probe.abort()
 
     @property
     def step_host_syncs(self) -> int | None:

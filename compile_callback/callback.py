@@ -497,9 +497,11 @@ class CompileCallback(Callback):
         """Whether the next hook is surely the next batch's start: not the epoch's last batch, not a
         validation point, not the last step. (Validation makes its DataLoader workers before any hook,
         and a fork would inherit a running host-sync probe.)"""
+        if trainer.should_stop or trainer.check_val_every_n_epoch is None or trainer.val_check_batch is None:
+            return False  # validation may come next, counted across epochs or by time: do not guess
         batches = trainer.num_training_batches
-        if isinstance(batches, (int, float)) and math.isfinite(batches) and batch_idx + 1 >= batches:
-            return False
+        if not (isinstance(batches, (int, float)) and math.isfinite(batches)) or batch_idx + 1 >= batches:
+            return False  # the epoch's last batch, or one that may be (an iterable dataset)
         every = trainer.val_check_batch
         if isinstance(every, (int, float)) and math.isfinite(every) and every >= 1 and (batch_idx + 1) % int(every) == 0:
             return False
@@ -532,7 +534,7 @@ class CompileCallback(Callback):
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._finish_sync_probe()
+        self._anatomy_ops.abort_probe()
         if self.watch is not None:
             self.watch.collect()
             self.watch.set_phase(stage="validate", epoch=trainer.current_epoch, step=trainer.global_step)
@@ -545,7 +547,7 @@ class CompileCallback(Callback):
             self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._finish_sync_probe()
+        self._anatomy_ops.abort_probe()
         if self.watch is None:
             return
         self.watch.collect()

@@ -69,7 +69,6 @@ def test_ranks_agree_on_every_decision(tmp_path):
     assert rank0["compiled"] == rank1["compiled"] == []
     # the whole model is a candidate under DDP too (its rerouted training_step runs eagerly)
     assert any(region == "model" for region, _, _ in rank0["decisions"]), rank0["decisions"]
-    assert rank0["compiled"] == rank1["compiled"]
     assert rank0["head_weight_sum"] == pytest.approx(rank1["head_weight_sum"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 from compile_callback import CompileCallback
 from compile_callback.anatomy import PROGRESS_BAR_SITE, UNSEEN_SITE, HostSyncs, host_sync_advice
@@ -163,12 +164,9 @@ def test_the_callbacks_own_periodic_reads_are_not_reported(tmp_path):
     """With pad='auto' the callback reads its padding figures when it logs: not the user's to fix."""
     from tests.conftest import TokenModel, VarLenDataset
 
-    class TokenLogged(TokenModel):
-        pass
-
     callback = CompileCallback("model", backend="aot_eager", pad="auto", log_every_n_steps=1, **FAST)
     trainer = make_trainer(tmp_path, [callback], max_epochs=2)
-    trainer.fit(TokenLogged(), loader(VarLenDataset([5, 9, 13]), batch_size=4))
+    trainer.fit(TokenModel(), loader(VarLenDataset([5, 9, 13]), batch_size=4))
     anatomy = callback.last_report["anatomy"]
     assert anatomy["host_syncs_between_steps"] == 0, anatomy["host_sync_sites"]
 
@@ -200,3 +198,20 @@ def test_gpu_sync_in_step_is_suggested(tmp_path):
     report = fit(tmp_path, Logged(prog_bar=False, item_in_step=True), device="gpu")
     assert report["anatomy"]["host_syncs_in_step"] == 1
     assert any("1 tensor value(s)" in s for s in report["suggestions"])
+
+
+def test_a_fork_stops_a_running_probe():
+    """DataLoader workers are forked: they must not inherit a running profiler or function mode."""
+    import os
+
+    from compile_callback.anatomy import BetweenStepsProbe
+
+    probe = BetweenStepsProbe()
+    assert probe.start(name=True, device_type="cpu")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert not probe.active and probe.aborted
+    assert probe.stop() is None
+    torch.ones(1).item()  # no mode left behind in this process either
