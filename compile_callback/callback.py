@@ -405,7 +405,7 @@ class CompileCallback(Callback):
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
         elif self.cache_dir is not None and self.regions == AUTO:
-            self._load_cached_plan(pl_module)
+            self._load_cached_plan(trainer, pl_module)
         self.churn = ChurnPolicy(
             self.on_recompile,
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
@@ -421,15 +421,19 @@ class CompileCallback(Callback):
             "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
         }
 
-    def _load_cached_plan(self, pl_module: LightningModule) -> None:
+    def _load_cached_plan(self, trainer: Trainer, pl_module: LightningModule) -> None:
         assert self.planner is not None and self.cache_dir is not None
         self._plan_key = plan_key(pl_module, device=pl_module.device, options=self._cache_options())
         self._plan_file = plan_path(self.cache_dir, self._plan_key)
         try:
-            state = load_plan(self._plan_file, self._plan_key)
+            state, problem = load_plan(self._plan_file, self._plan_key), None
         except PlanCacheError as error:
-            rank_zero_warn(f"CompileCallback ignores its cached plan and plans again: {error}.")
-            self._notes.append(f"cached plan ignored: {error}")
+            state, problem = None, str(error)
+        # Rank 0's file decides for all: a rank that planned alone would wait in the planner's collectives.
+        state, problem = trainer.strategy.broadcast((state, problem), src=0)
+        if problem is not None:
+            rank_zero_warn(f"CompileCallback ignores its cached plan and plans again: {problem}.")
+            self._notes.append(f"cached plan ignored: {problem}")
             return
         if state is not None:
             self.planner.load_state_dict(state)

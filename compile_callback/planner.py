@@ -318,6 +318,7 @@ class AutoPlanner:
 
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
         options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
+        self._last_failure = ""
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
         compile_before = self._compile_seconds(candidate.region.name)
@@ -335,7 +336,10 @@ class AutoPlanner:
         for _ in range(self.trial_steps):
             yield label
         if not self.agree_all(candidate.region.is_compiled):  # its guard reverted it (on some rank) during the trial
-            failure = self._last_failure if not candidate.region.is_compiled else "on another rank"
+            if candidate.region.is_compiled:
+                failure = "on another rank"
+            else:
+                failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
                          reason=f"failed at run time during its trial, reverted to eager: {failure}")
