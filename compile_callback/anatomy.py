@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import inspect
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -421,9 +422,13 @@ _RUNNING_PROBES: weakref.WeakSet[BetweenStepsProbe] = weakref.WeakSet()
 
 
 def _abort_running_probes() -> None:
-    """Before a fork (DataLoader workers): a child must not inherit a running profiler or mode."""
+    """Before a fork (DataLoader workers): a child must not inherit a running profiler or mode. Both
+    belong to the thread that started them; a fork from another thread only spoils the result."""
     for probe in list(_RUNNING_PROBES):
-        probe.abort()
+        if threading.get_ident() == probe.thread:
+            probe.abort()
+        else:
+            probe.spoiled = True
 
 
 os.register_at_fork(before=_abort_running_probes)
@@ -450,6 +455,8 @@ class BetweenStepsProbe:
         self._recorder: _HostReadRecorder | None = None
         self.processing_seconds = 0.0
         self.aborted = False  # stopped without a result since the last start
+        self.thread = 0  # the thread that started it (profiler sessions and function modes are per thread)
+        self.spoiled = False  # a fork from another thread happened while it ran
 
     @property
     def active(self) -> bool:
@@ -467,34 +474,41 @@ class BetweenStepsProbe:
         except RuntimeError:
             return False
         self._profiler = profiler
+        self.thread, self.spoiled = threading.get_ident(), False
         if name:
             self._recorder = _HostReadRecorder(device_type)
             self._recorder.__enter__()
         _RUNNING_PROBES.add(self)
         return True
 
+    def _end(self) -> torch.profiler.profile:
+        """Stops the mode and the profiler, whatever either raises."""
+        _RUNNING_PROBES.discard(self)
+        recorder, self._recorder = self._recorder, None
+        profiler, self._profiler = self._profiler, None
+        try:
+            if recorder is not None:
+                recorder.__exit__(None, None, None)
+        finally:
+            profiler.stop()
+        return profiler
+
     def abort(self) -> None:
         """Stops without a result: the interval held more than the work between two steps."""
         if self._profiler is None:
             return
-        _RUNNING_PROBES.discard(self)
-        recorder, self._recorder = self._recorder, None
-        if recorder is not None:
-            recorder.__exit__(None, None, None)
-        profiler, self._profiler = self._profiler, None
-        profiler.stop()
+        self._end()
         self.aborted = True
 
     def stop(self) -> HostSyncs | None:
         if self._profiler is None:
             return None
-        _RUNNING_PROBES.discard(self)
+        if self.spoiled:  # another thread forked meanwhile: the interval is not a plain one
+            self.abort()
+            return None
         started = time.perf_counter()
-        recorder, self._recorder = self._recorder, None
-        if recorder is not None:
-            recorder.__exit__(None, None, None)
-        profiler, self._profiler = self._profiler, None
-        profiler.stop()
+        recorder = self._recorder
+        profiler = self._end()
         reads = sum(1 for event in profiler.events() if event.name == HOST_SYNC_OP)
         if recorder is not None:
             syncs = name_host_reads(recorder.stacks, unseen=max(0, reads - recorder.value_reads))

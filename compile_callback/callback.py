@@ -366,6 +366,7 @@ class CompileCallback(Callback):
         self._anatomy_ops.device_type = pl_module.device.type
         self._warned_host_syncs = False
         self._on_gpu = pl_module.device.type == "cuda"  # where a host sync costs time
+        self._frozen_at_step: int | None = None  # global step at which the plan froze
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
@@ -490,6 +491,9 @@ class CompileCallback(Callback):
         self._batch_index += 1
         if self.padding is not None and self.padding.edges is not None:
             self._count_padding(batch)
+        if self._frozen_at_step is None and getattr(self.planner, "frozen", True):
+            self._frozen_at_step = trainer.global_step
+            self._recompiles_seen = -1  # look again at what came before, now that the plan is frozen
         self._check_churn(trainer)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
@@ -584,8 +588,10 @@ class CompileCallback(Callback):
 
     def _release(self) -> None:
         """Gives back what fit took: the profiler of a sampled step that raised, torch's process-wide
-        settings, dynamo's compile hooks. Safe to call twice."""
+        settings, dynamo's compile hooks, a trial cut short. Safe to call twice."""
         self._anatomy_ops.close()
+        if isinstance(self.planner, AutoPlanner):
+            self.planner.close()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None
@@ -625,7 +631,14 @@ class CompileCallback(Callback):
         if len(self.watch.recompiles) == self._recompiles_seen and len(fallbacks) == self._fallbacks_seen:
             return
         self._recompiles_seen, self._fallbacks_seen = len(self.watch.recompiles), len(fallbacks)
-        for action in self.churn.check(self.watch.recompiles, fallbacks):
+        recompiles = self.watch.recompiles
+        if isinstance(self.planner, AutoPlanner):
+            # The planner's own trials recompile (a new mode is a new backend): the policy judges the
+            # frozen plan's recompiles only, so it never acts in the middle of a trial.
+            if self._frozen_at_step is None:
+                return
+            recompiles = [r for r in recompiles if r.step >= self._frozen_at_step]
+        for action in self.churn.check(recompiles, fallbacks):
             self._act(trainer, action)
 
     def _our_region(self, name: str) -> Any:

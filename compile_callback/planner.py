@@ -243,6 +243,10 @@ class AutoPlanner:
         if self._label == EAGER and host_ms is not None:
             self._host_ms.append(host_ms)
 
+    def close(self) -> None:
+        """Ends the script where it stands (fit is over): a trial cut short puts its plan back."""
+        self._script.close()
+
     def recompile(self, region: Region, options: CompileOptions) -> None:
         """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
         compile_region(region, options, on_error=self._failed)
@@ -300,13 +304,21 @@ class AutoPlanner:
         if self._kept and not self.agree_all(all(r in self.regions for r in self._kept)):
             for region in self._kept:
                 revert_region(region)
+                for decision in self.decisions:
+                    if decision.region == region.name and decision.kept:
+                        decision.kept = False
+                        decision.reason = "a kept region failed at run time on some rank: reverted on every rank"
             self.regions.clear()
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
+        remaining = self.remaining_batches() - (self.warmup_steps + 2 + self.trial_steps)
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
-            trials += 1
-            yield from self._mode_trial(current_ms)
+            if self.agree(remaining > 0):
+                trials += 1
+                yield from self._mode_trial(current_ms)
+            else:
+                self.notes.append("reduce-overhead (CUDA graphs) not tried: the run ends before its trial could finish")
         elif self.options.mode is None and self.device.type != "cuda":
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the model runs on CPU")
         elif self.options.mode is None and self.regions and self.launch_bound is False:
@@ -392,13 +404,23 @@ class AutoPlanner:
             else:
                 failures.append(torch_internals.describe_error(error)[:300])
 
+        def restore() -> None:  # back to the default-mode compiled code, without compiling again
+            for region in kept:
+                region.compiled_with = saved_with[id(region)]
+                for module in region.modules:
+                    torch_internals.restore_compiled_call(module, saved[id(module)])
+
         if verdict.passed:
             for region in kept:
                 guard_region(region, on_error)
-            for _ in range(self.warmup_steps + 2):  # CUDA graphs record on the third call
-                yield WARMUP
-            for _ in range(self.trial_steps):
-                yield label
+            try:
+                for _ in range(self.warmup_steps + 2):  # CUDA graphs record on the third call
+                    yield WARMUP
+                for _ in range(self.trial_steps):
+                    yield label
+            except GeneratorExit:  # fit ended during the trial (close()): the plan before it stands
+                restore()
+                raise
             survived = bool(self.agree_all(not failures))  # failed on any rank: given up on all
             if survived:
                 trial_ms = self.timer.median_ms(label, wait=True)
@@ -410,10 +432,7 @@ class AutoPlanner:
                 region.compiled_with = options
             reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"
         else:
-            for region in kept:  # back to the default-mode compiled code, without compiling again
-                region.compiled_with = saved_with[id(region)]
-                for module in region.modules:
-                    torch_internals.restore_compiled_call(module, saved[id(module)])
+            restore()
             if not verdict.passed:
                 reason = self._failure_reason(verdict)
             elif not survived:

@@ -372,6 +372,13 @@ def eager_while_rerouted(module: nn.Module) -> None:
     module._compiled_call_impl = call
 
 
+def function_mode_depth() -> int:
+    """How many ``TorchFunctionMode``s are active on this thread."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return len(_get_current_function_mode_stack())
+
+
 def fall_back_to_eager_on_error(module: nn.Module, on_error: Any, label: str = "") -> None:
     """Wraps the callable ``nn.Module.compile`` installed so that an error it raises (a backend that
     fails to compile, a fullgraph break, a run-time error of compiled code) reverts ``module`` to eager

@@ -206,12 +206,48 @@ def test_a_fork_stops_a_running_probe():
 
     from compile_callback.anatomy import BetweenStepsProbe
 
+    from compile_callback import torch_internals
+
+    probe = BetweenStepsProbe()
+    depth = torch_internals.function_mode_depth()
+    assert probe.start(name=True, device_type="cpu")
+    try:
+        assert torch_internals.function_mode_depth() == depth + 1 and torch_internals.profiler_running()
+        pid = os.fork()
+        if pid == 0:  # the child: neither the mode nor the profiler came along
+            clean = torch_internals.function_mode_depth() == depth and not torch_internals.profiler_running()
+            os._exit(0 if clean else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not probe.active and probe.aborted and probe.stop() is None
+        assert torch_internals.function_mode_depth() == depth and not torch_internals.profiler_running()
+    finally:
+        probe.abort()
+
+
+def test_a_fork_from_another_thread_only_spoils_the_probe():
+    """The mode and the profiler belong to the thread that started them: a fork elsewhere must not
+    touch them, only make the interval's result worthless."""
+    import os
+    import threading
+
+    from compile_callback import torch_internals
+    from compile_callback.anatomy import BetweenStepsProbe
+
     probe = BetweenStepsProbe()
     assert probe.start(name=True, device_type="cpu")
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert not probe.active and probe.aborted
-    assert probe.stop() is None
-    torch.ones(1).item()  # no mode left behind in this process either
+    try:
+        def fork_and_wait():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+
+        thread = threading.Thread(target=fork_and_wait)
+        thread.start()
+        thread.join()
+        assert probe.active and probe.spoiled  # still running on its own thread, marked
+        assert probe.stop() is None and not probe.active
+        assert not torch_internals.profiler_running()
+    finally:
+        probe.abort()
