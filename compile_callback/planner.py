@@ -113,8 +113,10 @@ class FixedPlanner:
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
     """Records that a kept region failed at run time and now runs eager."""
     text = torch_internals.describe_error(error)[:300]
+    names = set(region.module_names)
     for decision in decisions:
-        if decision.region == region.name and decision.kept:
+        # its own decision, and a kept group's (the CUDA-graph trial of several kept regions) it is part of
+        if decision.kept and (decision.region == region.name or names & set(decision.modules)):
             decision.kept = False
             decision.reason = f"failed at run time, reverted to eager and the call rerun eagerly: {text}"
 

@@ -86,6 +86,7 @@ def test_a_faster_trial_is_kept_and_its_later_failures_revert_the_region():
     with pytest.raises(RuntimeError):
         model.head(x)
     assert planner.regions == [] and not region.is_compiled  # a kept region's failure: reverted, dropped
+    assert not any(d.kept for d in planner.decisions)  # the CUDA-graph decision says so too
 
 
 def test_a_trial_that_fails_at_run_time_restores_the_default_mode_plan():
