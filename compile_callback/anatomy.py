@@ -169,6 +169,21 @@ def count_ops(events: Iterable[Any]) -> StepOps:
     return result
 
 
+def _start_cpu_profiler() -> torch.profiler.profile | None:
+    """A started ``torch.profiler`` of CPU ops, or None when another profiler runs or it cannot start
+    (then nothing is measured and training goes on)."""
+    if torch_internals.profiler_running():
+        return None
+    profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
+    try:
+        with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
+            warnings.simplefilter("ignore", UserWarning)
+            profiler.start()
+    except RuntimeError:
+        return None
+    return profiler
+
+
 class StepSampler:
     """Profiles one training step at a time and counts its ops (:func:`count_ops`).
 
@@ -192,17 +207,13 @@ class StepSampler:
 
     def start(self, module: nn.Module, marked: dict[str, Sequence[nn.Module]] | None = None) -> bool:
         """Starts profiling; False (and nothing started) when another profiler is already running."""
-        if self._profiler is not None or torch_internals.profiler_running():
+        if self._profiler is not None:
             return False
         if "training_step" in vars(module):
             return False  # someone else replaced training_step on the instance: leave it alone
-        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
-        try:
-            with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
-                warnings.simplefilter("ignore", UserWarning)
-                profiler.start()
-        except RuntimeError:
-            return False  # the profiler could not start (another one holds it): no sample, training goes on
+        profiler = _start_cpu_profiler()
+        if profiler is None:
+            return False
         self._profiler = profiler
         training_step = module.training_step
 
@@ -463,15 +474,11 @@ class BetweenStepsProbe:
         return self._profiler is not None
 
     def start(self, *, name: bool, device_type: str) -> bool:
-        if self._profiler is not None or torch_internals.profiler_running():
+        if self._profiler is not None:
             return False
         self.aborted = False
-        profiler = torch.profiler.profile(activities=[ProfilerActivity.CPU])
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                profiler.start()
-        except RuntimeError:
+        profiler = _start_cpu_profiler()
+        if profiler is None:
             return False
         self._profiler = profiler
         self.thread, self.spoiled = threading.get_ident(), False
@@ -599,7 +606,7 @@ class OpAnatomy:
         self.backend = backend
         self.sampler = StepSampler()
         self.probe = BetweenStepsProbe()  # started after a sampled batch, until the next hook
-        self._probe_due = False  # a probe is to start at the next batch end that allows one
+        self._probe_due = False  # a probe is to start at the next batch end that allows one, until one has a result
         self.host_syncs: HostSyncs | None = None  # the latest interval between two steps that was probed
         self._name_syncs_next = False  # reads were counted: the next interval's probe names them
         self.device_type = "cpu"  # the training device's type (set by the callback)
@@ -678,29 +685,27 @@ class OpAnatomy:
     def start_probe_if_due(self, *, allowed: bool) -> None:
         """Starts the probe of the interval from now to the next batch, if one is due and ``allowed``
         (not where validation or the epoch's end may follow); call it last at a batch's end."""
-        if self._probe_due and allowed and self.probe.start(name=self._name_syncs_next, device_type=self.device_type):
-            self._probe_due = self._name_syncs_next = False
+        if self._probe_due and allowed:
+            self.probe.start(name=self._name_syncs_next, device_type=self.device_type)
 
     def finish_probe(self) -> HostSyncs | None:
         """Ends the probe of the interval between steps, if one runs; returns what it found once it is
-        known (None while reads counted by the profiler wait to be named by the next interval's probe)."""
+        known. A probe stays due until one gives a result: one cut short (a fork) runs again, and
+        reads counted by the profiler are named by the next interval's probe."""
         syncs = self.probe.stop()
         if syncs is None:
-            if self.probe.aborted:  # a fork cut it short: probe again later
-                self.probe.aborted, self._probe_due = False, True
             return None
         if not syncs.named and syncs.count:
-            self._name_syncs_next = self._probe_due = True
+            self._name_syncs_next = True
             return None
         self.host_syncs = syncs
+        self._probe_due = self._name_syncs_next = False
         return syncs
 
     def abort_probe(self) -> None:
         """Stops the probe without a result (validation or the epoch's end came before the next
-        batch: not the interval between two steps); it runs again at a later batch."""
-        if self.probe.active:
-            self.probe.abort()
-            self.probe.aborted, self._probe_due = False, True
+        batch: not the interval between two steps); it stays due and runs at a later batch."""
+        self.probe.abort()
 
     def close(self) -> None:
         """Stops whatever profiler runs (a step raised, or fit ended)."""

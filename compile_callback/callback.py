@@ -491,9 +491,6 @@ class CompileCallback(Callback):
         self._batch_index += 1
         if self.padding is not None and self.padding.edges is not None:
             self._count_padding(batch)
-        if self._frozen_at_step is None and getattr(self.planner, "frozen", True):
-            self._frozen_at_step = trainer.global_step
-            self._recompiles_seen = -1  # look again at what came before, now that the plan is frozen
         self._check_churn(trainer)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
         if self._batch_index % every == 0:
@@ -627,16 +624,19 @@ class CompileCallback(Callback):
 
     def _check_churn(self, trainer: Trainer) -> None:
         assert self.watch is not None and self.churn is not None
+        if isinstance(self.planner, AutoPlanner):
+            # The planner's own trials recompile (a new mode is a new backend): the policy judges the
+            # frozen plan's recompiles only, so it never acts in the middle of a trial.
+            if not self.planner.frozen:
+                return
+            if self._frozen_at_step is None:
+                self._frozen_at_step = trainer.global_step
         fallbacks = [(name, s.fallback_reason or "") for name, s in self.watch.stats.items() if s.eager_fallback]
         if len(self.watch.recompiles) == self._recompiles_seen and len(fallbacks) == self._fallbacks_seen:
             return
         self._recompiles_seen, self._fallbacks_seen = len(self.watch.recompiles), len(fallbacks)
         recompiles = self.watch.recompiles
-        if isinstance(self.planner, AutoPlanner):
-            # The planner's own trials recompile (a new mode is a new backend): the policy judges the
-            # frozen plan's recompiles only, so it never acts in the middle of a trial.
-            if self._frozen_at_step is None:
-                return
+        if self._frozen_at_step is not None:
             recompiles = [r for r in recompiles if r.step >= self._frozen_at_step]
         for action in self.churn.check(recompiles, fallbacks):
             self._act(trainer, action)

@@ -113,12 +113,17 @@ class FixedPlanner:
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
     """Records that a kept region failed at run time and now runs eager."""
     text = torch_internals.describe_error(error)[:300]
+    mark_not_kept(decisions, region, f"failed at run time, reverted to eager and the call rerun eagerly: {text}")
+
+
+def mark_not_kept(decisions: list[Decision], region: Region, reason: str) -> None:
+    """A kept region is kept no more: its own decision, and a kept group's (the CUDA-graph trial of
+    several kept regions) it is part of, say so."""
     names = set(region.module_names)
     for decision in decisions:
-        # its own decision, and a kept group's (the CUDA-graph trial of several kept regions) it is part of
         if decision.kept and (decision.region == region.name or names & set(decision.modules)):
             decision.kept = False
-            decision.reason = f"failed at run time, reverted to eager and the call rerun eagerly: {text}"
+            decision.reason = reason
 
 
 PROFILE = "profile"
@@ -306,10 +311,7 @@ class AutoPlanner:
         if self._kept and not self.agree_all(all(r in self.regions for r in self._kept)):
             for region in self._kept:
                 revert_region(region)
-                for decision in self.decisions:
-                    if decision.region == region.name and decision.kept:
-                        decision.kept = False
-                        decision.reason = "a kept region failed at run time on some rank: reverted on every rank"
+                mark_not_kept(self.decisions, region, "a kept region failed at run time on some rank: reverted on every rank")
             self.regions.clear()
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
@@ -396,12 +398,11 @@ class AutoPlanner:
         keep, survived = False, True
         trial_ms = speedup = None
         failures: list[str] = []
-        outcome = {"kept": False}
 
         def on_error(region: Region, error: BaseException) -> None:
             # During the trial a failure is noted (the guard has reverted the region on this rank); once
             # kept, it is any kept region's failure.
-            if outcome["kept"]:
+            if keep:
                 self._failed(region, error)
             else:
                 failures.append(torch_internals.describe_error(error)[:300])
@@ -429,7 +430,6 @@ class AutoPlanner:
                 speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
                 keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
         if keep:
-            outcome["kept"] = True
             for region in kept:
                 region.compiled_with = options
             reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from compile_callback import torch_internals
 from compile_callback.timing import elapsed_ms, time_mark
 
 BACKWARD_TO_FORWARD = 2.0
@@ -36,11 +37,6 @@ def _detach(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _detach(v) for k, v in value.items()}
     return value
-
-
-def _forward_is_real(module: nn.Module) -> bool:
-    """False while a strategy has patched ``module.forward`` to reroute another method through it."""
-    return getattr(module.forward, "__func__", None) is type(module).forward
 
 
 class RegionProfiler:
@@ -80,7 +76,7 @@ class RegionProfiler:
 
     def _pre(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not _forward_is_real(module):
+            if not torch_internals.forward_is_real(module):
                 return  # Lightning's DDP reroutes training_step through forward: not a forward call
             if name not in self.held_inputs:
                 self.held_inputs[name] = (_detach(args), _detach(kwargs))
@@ -90,7 +86,7 @@ class RegionProfiler:
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            if self._open[name] and _forward_is_real(module):
+            if self._open[name] and torch_internals.forward_is_real(module):
                 self._spans[name].append((self._open[name].pop(), self._now()))
 
         return hook

@@ -350,6 +350,11 @@ def profiler_running() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled)
 
 
+def forward_is_real(module: nn.Module) -> bool:
+    """False while something (Lightning's strategies: training_step rerouted) has patched ``module.forward``."""
+    return getattr(module.forward, "__func__", None) is type(module).forward
+
+
 def eager_while_rerouted(module: nn.Module) -> None:
     """Wraps the callable ``nn.Module.compile`` installed so that a call made while ``module.forward`` is
     patched runs eagerly. Lightning's strategies that wrap the model (DDP, FSDP) call ``training_step``
@@ -361,10 +366,9 @@ def eager_while_rerouted(module: nn.Module) -> None:
     compiled = compiled_call(module)
     if compiled is None or hasattr(compiled, "_compile_callback_inner"):
         return
-    real_forward = type(module).forward
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if getattr(module.forward, "__func__", None) is not real_forward:
+        if not forward_is_real(module):
             return module._call_impl(*args, **kwargs)
         return compiled(*args, **kwargs)
 

@@ -12,19 +12,28 @@ def _raise_at_compile(gm, example_inputs):
     raise RuntimeError("injected: backend failed to compile")
 
 
-def _raise_at_first_call(gm, example_inputs):
-    calls = {"n": 0}
+def _raises_on_call(number: int, message: str):
+    """A backend whose compiled code raises ``message`` on its ``number``-th call, and runs otherwise."""
 
-    def run(*args):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected: compiled code failed on its first call")
-        return gm.forward(*args)
+    def backend(gm, example_inputs):
+        calls = {"n": 0}
 
-    return run
+        def run(*args):
+            calls["n"] += 1
+            if calls["n"] == number:
+                raise RuntimeError(message)
+            return gm.forward(*args)
+
+        return run
+
+    return backend
 
 
-for _name, _fn in [("test_raise_at_compile", _raise_at_compile), ("test_raise_at_first_call", _raise_at_first_call)]:
+for _name, _fn in [
+    ("test_raise_at_compile", _raise_at_compile),
+    ("test_raise_at_first_call", _raises_on_call(1, "injected: compiled code failed on its first call")),
+    ("test_raise_on_third_call", _raises_on_call(3, "injected: compiled code failed on a later call")),
+]:
     try:
         register_backend(compiler_fn=_fn, name=_name)
     except Exception:
@@ -75,22 +84,6 @@ def test_fullgraph_break_reverts_instead_of_crashing(tmp_path):
 
 def test_auto_region_failing_at_run_time_after_verification_is_reverted(tmp_path):
     """Compiled code that passes verification and then fails on a later call (here: its third)."""
-
-    def _raise_on_third_call(gm, example_inputs):
-        calls = {"n": 0}
-
-        def run(*args):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise RuntimeError("injected: compiled code failed on a later call")
-            return gm.forward(*args)
-
-        return run
-
-    try:
-        register_backend(compiler_fn=_raise_on_third_call, name="test_raise_on_third_call")
-    except Exception:
-        pass
     callback = CompileCallback(backend="test_raise_on_third_call", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1)
     eager_losses, _, _ = losses(tmp_path / "eager", [])
     fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
