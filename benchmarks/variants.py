@@ -60,6 +60,8 @@ VARIANTS = {
         ),
         Variant("per_block", "Lightning, .compile() of each repeated block", compile="per_block"),
         Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
+        # What the anatomy's sampling costs: the same run without it.
+        Variant("callback_no_anatomy", "Lightning, CompileCallback(anatomy=False)", callback={"anatomy": False}),
         # The same three with the training loss in the progress bar: a host sync after every batch.
         Variant("eager_pbar", "Lightning, eager, loss logged with prog_bar=True", progress_bar_loss=True),
         Variant(

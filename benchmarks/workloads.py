@@ -39,7 +39,7 @@ VARIANTS = {
     "gpt2": (*FIXED_VARIANTS, "eager_pbar", "whole_pbar", "callback_pbar"),
     "resnet50": FIXED_VARIANTS,
     # CUDA graphs are what pays on this launch-bound step (SPEC anchor: reduce-overhead 3.57x).
-    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),
+    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback", "callback_no_anatomy"),
     # The padded callback variants come first: they are what a varlen run is for, and the no-padding
     # compile is the slowest to compile, so a command cut off at its limit loses it rather than them.
     "gpt2_varlen": (
@@ -53,6 +53,7 @@ WORKLOADS = tuple(VARIANTS)
 # per-block compile are measured on the fixed-shape workloads.
 DEFAULT_VARIANTS = {
     **VARIANTS,
+    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),
     "gpt2_varlen": ("eager", "whole", "whole_padmax", "callback", "callback_pad"),
 }
 
