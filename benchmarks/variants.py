@@ -81,11 +81,6 @@ VARIANTS = {
             "callback_pad8", "Lightning, CompileCallback(pad='auto', pad_max_buckets=8)",
             callback={"pad": "auto", "pad_max_buckets": 8},
         ),
-        # One static graph per bucket: dynamo would otherwise make the length dynamic at the second bucket.
-        Variant(
-            "callback_pad6_static", "Lightning, CompileCallback(pad='auto', pad_max_buckets=6, dynamic=False)",
-            callback={"pad": "auto", "pad_max_buckets": 6, "dynamic": False},
-        ),
     )
 }
 

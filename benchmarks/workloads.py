@@ -43,8 +43,8 @@ VARIANTS = {
     # The padded callback variants come first: they are what a varlen run is for, and the no-padding
     # compile is the slowest to compile, so a command cut off at its limit loses it rather than them.
     "gpt2_varlen": (
-        "bare_eager", "eager", "callback", "callback_pad", "callback_pad6", "callback_pad6_static",
-        "callback_pad8", "whole", "whole_padmax", "per_block",
+        "bare_eager", "eager", "callback", "callback_pad", "callback_pad6", "callback_pad8", "whole", "whole_padmax",
+        "per_block",
     ),
 }
 WORKLOADS = tuple(VARIANTS)

@@ -69,7 +69,9 @@ class CompileCallback(Callback):
         mode: ``"auto"`` (chosen by measurement with ``regions="auto"``, else ``"default"``) or one of
             ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``.
         fullgraph: passed to ``torch.compile``; a graph break then raises.
-        dynamic: passed to ``torch.compile`` (``None``: dynamo decides after the first shape change).
+        dynamic: passed to ``torch.compile``. ``None``: dynamo decides after the first shape change,
+            except that with ``pad`` applied from the first batch each bucket is compiled as a static
+            graph of its own (``False``).
         options: inductor options passed to ``torch.compile`` (not together with a ``mode``).
         eager_baseline_steps: eager batches timed before compiling, the baseline of
             ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
@@ -251,6 +253,9 @@ class CompileCallback(Callback):
         self._notes: list[str] = []
         self._churn_actions: list[dict[str, Any]] = []
         self._loaders_padded: set[str] = set()
+        self._static_buckets = False
+        self._bucket_graphs = 0  # static graphs an epoch's padded batches may need, per stage
+        self._previous_recompile_limit: int | None = None
 
         self.planner: FixedPlanner | AutoPlanner | None = None
         self.watch: CompileWatch | None = None
@@ -278,6 +283,7 @@ class CompileCallback(Callback):
             # Names are checked here, before any training, so a typo costs nothing.
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
         if self.pad is not None and stage == "fit":
+            self._static_buckets = False
             self._pad_at_the_source(trainer, pl_module)
         if self.cache_dir is not None and stage == "fit":
             try:
@@ -298,8 +304,9 @@ class CompileCallback(Callback):
             )
         return self.padding
 
-    def _pad_loaders(self, loaders: Any, kind: str) -> None:
-        """Chooses the edges (from the first training loader's dataset) and puts the collate in."""
+    def _pad_loaders(self, loaders: Any, kind: str) -> bool:
+        """Chooses the edges (from the first training loader's dataset) and puts the collate in;
+        returns whether it did."""
         plan = self._padding_plan()
         try:
             if plan.edges is None:
@@ -314,13 +321,17 @@ class CompileCallback(Callback):
             for warning in apply_to_loaders(loaders, plan):
                 rank_zero_warn(warning)
             self._loaders_padded.add(kind)
+            return True
         except PaddingNotApplied as error:
             rank_zero_warn(f"CompileCallback(pad={self.pad!r}) could not pad the {kind} dataloaders: {error}")
             self._notes.append(f"padding not applied to {kind}: {error}")
             self._loaders_padded.add(kind)  # said once; not retried every epoch
+            return False
 
     def _pad_at_the_source(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Wraps the ``*_dataloader`` hooks that will make the loaders, so batches are padded from the first."""
+        """Wraps the ``*_dataloader`` hooks that will make the loaders, so batches are padded from the first.
+        (The training loaders come first, edges from their census: ``on_fit_start`` reads
+        ``estimated_stepping_batches``, which makes them before the sanity check's validation loaders.)"""
         source = trainer.datamodule if trainer.datamodule is not None else pl_module
         for kind in ("train", "val"):
             name = f"{kind}_dataloader"
@@ -330,10 +341,48 @@ class CompileCallback(Callback):
 
             def padded(original=original, kind=kind):  # noqa: ANN001 - binds loop variables
                 loaders = original()
-                self._pad_loaders(loaders, kind)
+                if self._pad_loaders(loaders, kind) and kind == "train":
+                    self._compile_static_buckets()
                 return loaders
 
             setattr(source, name, padded)
+
+    def _compile_static_buckets(self) -> None:
+        """With batches padded from the first, every batch has one of a few fixed shapes: each is compiled
+        as a static graph of its own (``dynamic=False``), unless the user chose ``dynamic``. Left alone,
+        dynamo makes the padded size dynamic at the second bucket, and dynamic-shape kernels over padded
+        batches lose to static ones (BENCHMARKS.md, variable-length GPT-2). Dynamo's recompile limit is
+        raised, for this fit, to the graphs the buckets need, so none of them falls back to eager."""
+        edges = self._padding_plan().edges
+        if self._static_buckets or self.dynamic is not None or not edges:
+            return
+        self._static_buckets = True
+        # Per bucket a full batch and a short last one, each in training and in validation (no_grad).
+        self._bucket_graphs = len(edges) * (2 if self._padding_plan().short_batch == "keep" else 1)
+        needed = 2 * self._bucket_graphs
+        limit = torch_internals.recompile_limit()
+        note = "padding: regions compiled static (dynamic=False), one graph per bucket"
+        if limit < needed:
+            self._previous_recompile_limit = torch_internals.set_recompile_limit(needed)
+            note += f"; dynamo's recompile limit raised from {limit} to {needed} for this fit"
+        self._notes.append(note)
+        self._apply_static_buckets()
+
+    def _apply_static_buckets(self) -> None:
+        """Makes the planner compile static graphs and the churn policy expect the buckets' recompiles.
+        Neither may exist yet: Lightning may ask for the loaders before ``on_fit_start`` (for
+        ``estimated_stepping_batches``), and ``on_fit_start`` calls this again."""
+        if not self._static_buckets:
+            return
+        if self.churn is not None:
+            self.churn.expected_per_epoch = self._bucket_graphs
+        if self.planner is None:
+            return
+        self.planner.options = dataclasses.replace(self.planner.options, dynamic=False)
+        for region in self.planner.regions:
+            # Compiled before the first batch (no eager baseline, a resumed or cached plan): made static.
+            if region.is_compiled and region.compiled_with.dynamic is None:
+                self.planner.recompile(region, dataclasses.replace(region.compiled_with, dynamic=False))
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.pad is None:
@@ -412,6 +461,7 @@ class CompileCallback(Callback):
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
             first_epoch=trainer.current_epoch,
         )
+        self._apply_static_buckets()
         self.watch.start()
         telemetry.log_layout(trainer.loggers)
         self.planner.before_fit()
@@ -592,6 +642,9 @@ class CompileCallback(Callback):
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None
+        if self._previous_recompile_limit is not None:
+            torch_internals.set_recompile_limit(self._previous_recompile_limit)
+            self._previous_recompile_limit = None
         if self.watch is not None:
             self.watch.stop()
         if self._inductor_cache_set:

@@ -246,6 +246,14 @@ def recompile_limit() -> int:
     return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
 
 
+def set_recompile_limit(limit: int) -> int:
+    """Sets dynamo's recompile limit (graphs kept per function before it runs eager); returns the old one."""
+    config = torch._dynamo.config
+    previous = recompile_limit()
+    setattr(config, "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit", int(limit))
+    return previous
+
+
 @contextmanager
 def fallback_random() -> Iterator[None]:
     """Makes inductor draw random numbers like eager, so a compiled region can be compared to eager."""

@@ -2,6 +2,7 @@
 
 import lightning as L
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from compile_callback import CompileCallback
@@ -29,6 +30,14 @@ class ModelWithLoaders(TokenModel):
 
     def val_dataloader(self):
         return make_loader()
+
+
+class RecordRecompileLimit(L.Callback):
+    def __init__(self, seen):
+        self.seen = seen
+
+    def on_train_start(self, trainer, pl_module):
+        self.seen.append(torch._dynamo.config.recompile_limit)
 
 
 def padded(**kwargs):
@@ -59,6 +68,84 @@ def test_padding_from_the_first_batch(tmp_path, way):
     waste = report["summary"]["padding_waste"]
     assert 0 < waste < 0.5
     assert read_scalars(trainer.logger.log_dir)["compile/padding_waste"][-1][1] == pytest.approx(waste)
+
+
+class ShapeRecordingModel(ModelWithLoaders):
+    """Records validation shapes too, and can give validation data of other lengths than training's."""
+
+    def __init__(self, val_lengths=LENGTHS):
+        super().__init__()
+        self.val_lengths = val_lengths
+        self.val_shapes: list[tuple[int, ...]] = []
+
+    def val_dataloader(self):
+        return DataLoader(VarLenDataset(self.val_lengths), batch_size=4, collate_fn=pad_to_longest)
+
+    def validation_step(self, batch, batch_idx):
+        self.val_shapes.append(tuple(batch["input_ids"].shape))
+        return super().validation_step(batch, batch_idx)
+
+
+def test_padding_from_the_first_batch_compiles_one_static_graph_per_bucket(tmp_path):
+    # dynamic=None: left alone, dynamo would make the length dynamic at the second bucket (2 graphs
+    # for 3 buckets); padded from the first batch, each bucket gets a static graph of its own.
+    callback = padded(dynamic=None, pad_max_buckets=3, max_recompiles_per_epoch=0)
+    model = ModelWithLoaders()
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0)
+    trainer.fit(model)
+    report = callback.last_report
+    edges = report["padding"]["edges"]
+    assert len(edges) == 3
+    assert all(region.compiled_with.dynamic is False for region in callback.planner.regions)
+    train_recompiles = [r for r in report["recompiles"] if r["stage"] == "train"]
+    assert len(train_recompiles) == len(edges) - 1 and all(r["kind"] == "shape" for r in train_recompiles)
+    # The lengths come in ascending order: one static graph after another, never a dynamic one.
+    assert [r["reason"] for r in train_recompiles] == [f"`x.size(1)` changed {a} → {b}" for a, b in zip(edges, edges[1:])]
+    # Those recompiles are the buckets' own: no churn, even with max_recompiles_per_epoch=0.
+    assert report["churn_actions"] == [] and not any("recompiles in train epoch" in n for n in report["plan"]["notes"])
+    assert any("compiled static (dynamic=False), one graph per bucket" in note for note in report["plan"]["notes"])
+
+
+def test_static_buckets_raise_the_recompile_limit_for_the_fit_only(tmp_path):
+    limit = torch._dynamo.config.recompile_limit
+    callback = padded(dynamic=None, pad_max_buckets=3)
+    torch._dynamo.config.recompile_limit = 4
+    try:
+        trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0)
+        seen = []
+        trainer.callbacks.append(RecordRecompileLimit(seen))
+        trainer.fit(ModelWithLoaders())
+        # 3 buckets x (full, short last batch) x (training, validation)
+        assert seen == [12] and torch._dynamo.config.recompile_limit == 4
+        assert any("recompile limit raised from 4 to 12 for this fit" in n for n in callback.last_report["plan"]["notes"])
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+
+
+def test_a_chosen_dynamic_is_kept_and_fit_loaders_stay_dynamic(tmp_path):
+    chosen = padded(dynamic=True)
+    make_trainer(tmp_path / "a", [chosen], max_epochs=1, limit_val_batches=0).fit(ModelWithLoaders())
+    assert all(region.compiled_with.dynamic is True for region in chosen.planner.regions)
+    # Loaders given to fit() are padded from the second epoch: the first epoch's shapes vary, so the
+    # regions are left to dynamo (static graphs would recompile for each raw length).
+    late = padded(dynamic=None)
+    trainer = make_trainer(tmp_path / "b", [late], max_epochs=1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="from the second epoch on"):
+        trainer.fit(TokenModel(), train_dataloaders=make_loader())
+    assert all(region.compiled_with.dynamic is None for region in late.planner.regions)
+
+
+def test_edges_come_from_the_training_set_with_a_sanity_check(tmp_path):
+    # The sanity check's validation loaders would give edges of [8] (lengths 5 only); the training
+    # set's lengths reach 31. The callback's on_fit_start makes the training loaders first.
+    callback = padded(pad_max_buckets=3)
+    model = ShapeRecordingModel(val_lengths=[5])
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1, num_sanity_val_steps=2)
+    trainer.fit(model)
+    edges = callback.last_report["padding"]["edges"]
+    assert max(edges) == 32 and len(edges) == 3
+    assert {shape[1] for shape in model.shapes_seen} <= set(edges)
+    assert len(model.val_shapes) > 2 and {shape[1] for shape in model.val_shapes} == {min(edges)}
 
 
 def test_loaders_given_to_fit_are_padded_from_the_second_epoch(tmp_path):
