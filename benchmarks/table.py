@@ -131,7 +131,7 @@ def render_result(result: dict[str, Any]) -> str:
     lines = [
         f"### {result['workload']}{' (smoke)' if result.get('smoke') else ''}"
         f"{'' if result.get('complete', True) else ' (incomplete: the run stopped before its last variant)'}"
-        f"{' (experiment: cuDNN attention off; answers no target)' if is_experiment(result) else ''}",
+        f"{f' (experiment: {experiment(result)}; answers no target)' if is_experiment(result) else ''}",
         "",
         f"`{result.get('command', 'python -m benchmarks')}`",
         "",
@@ -303,10 +303,20 @@ def _unanswered(verdict: Verdict) -> bool:
     return verdict.verdict == NOT_MEASURED or verdict.verdict.startswith(NOT_APPLICABLE)
 
 
+def experiment(result: dict[str, Any]) -> str | None:
+    """What takes a run off the protocol, or None: such a run is shown but answers no target. Either
+    cuDNN attention turned off on the fixed-shape GPT-2 (the variable-length one always runs without it;
+    the convnets have no attention), or an ``experiment`` field the run's JSON was given by hand for a
+    run made with the project changed for a diagnosis (the field says what was changed)."""
+    if result.get("experiment"):
+        return str(result["experiment"])
+    if result.get("workload") == "gpt2" and (result.get("settings") or {}).get("cudnn_attention") is False:
+        return "cuDNN attention off"
+    return None
+
+
 def is_experiment(result: dict[str, Any]) -> bool:
-    """A run off the protocol's settings, shown but answering no target: cuDNN attention turned off on the
-    fixed-shape GPT-2 (the variable-length one always runs without it; the convnets have no attention)."""
-    return result.get("workload") == "gpt2" and (result.get("settings") or {}).get("cudnn_attention") is False
+    return experiment(result) is not None
 
 
 def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:

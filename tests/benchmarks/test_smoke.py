@@ -372,3 +372,8 @@ def test_an_experiment_off_the_protocol_answers_no_target():
     assert table.is_experiment(flash) and not table.is_experiment(protocol)
     chosen = {v.target: (v.measured, r["date"]) for v, r in table.best_verdicts([protocol, flash])}
     assert chosen["callback speedup ≥ 1.31× (best anchor)"] == ("1.257×", "2026-11-29T09:00")
+    # A run made with the project changed for a diagnosis says so in its JSON, and answers nothing either.
+    patched = {**run(30.0, "2026-11-29T13:00", cudnn_attention=True), "experiment": "backward compiled lazily"}
+    chosen = {v.target: (v.measured, r["date"]) for v, r in table.best_verdicts([protocol, patched])}
+    assert chosen["callback speedup ≥ 1.31× (best anchor)"] == ("1.257×", "2026-11-29T09:00")
+    assert "(experiment: backward compiled lazily; answers no target)" in table.render_result(patched)
