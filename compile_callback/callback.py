@@ -58,6 +58,11 @@ def _check_float(name: str, value: Any, minimum: float) -> None:
         raise ValueError(f"`{name}` must be a number >= {minimum}; got {value!r}.")
 
 
+def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a batch's tensors: the step timer's key, so trials compare steps of like shapes."""
+    return tuple(tuple(leaf.shape) for leaf in torch_internals.tree_leaves(batch) if isinstance(leaf, torch.Tensor))
+
+
 class CompileCallback(Callback):
     """Compiles the hot parts of a LightningModule in place, measures and watches them, and reports.
 
@@ -534,7 +539,7 @@ class CompileCallback(Callback):
         sampled = self._anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
-        self.timer.stop(None if compiled_now or sampled else self._label)
+        self.timer.stop(None if compiled_now or sampled else self._label, key=batch_shapes(batch))
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
         self.planner.after_batch(self._batch_index, host_ms=host_ms)

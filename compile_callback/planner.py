@@ -9,7 +9,6 @@ lives in ``regions``, ``timing`` and ``verify``; the decisions live here.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from compile_callback import torch_internals
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import MODEL, CompileOptions, Region, compile_region, guard_region, revert_region
 from compile_callback.report import Decision
-from compile_callback.timing import summarize
+from compile_callback.timing import median_noise, paired_speedup
 from compile_callback.verify import VerificationResult, cuda_devices, verify_module
 
 WARMUP = None  # a batch that is run but not timed (label None)
@@ -235,6 +234,10 @@ class AutoPlanner:
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
         self._last_failure = ""
+        self._baseline_label = EAGER  # the timer label of the plan a trial is compared with
+        self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
+        self._settle_per_shape = 0  # timed steps a trial discards on each shape
+        self._by_shape = False  # whether trials compare steps shape by shape
 
     # -- the interface the callback drives --------------------------------------------------------
     def before_fit(self) -> None:
@@ -278,6 +281,8 @@ class AutoPlanner:
         for _ in range(self.baseline_steps):
             yield EAGER
         self.eager_ms = self.agree(self.timer.median_ms(EAGER, wait=True))
+        seen = self.timer.keys((PROFILE, EAGER))
+        self._fit_trials_to_shapes(*self.agree((len(seen), sum(seen.values()))))
         device_ms = self.eager_ms
         host_ms = statistics.median(self._host_ms) if self._host_ms else None
         if self.device.type == "cuda" and device_ms and host_ms:
@@ -316,7 +321,7 @@ class AutoPlanner:
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
-        remaining = self.remaining_batches() - (self.warmup_steps + 2 + self.trial_steps)
+        remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._trial_length)
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
             if self.agree(remaining > 0):
                 trials += 1
@@ -349,7 +354,8 @@ class AutoPlanner:
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
-        for _ in range(self.trial_steps):
+        self.timer.settle(label, self._settle_per_shape)
+        for _ in range(self._trial_length):
             yield label
         if not self.agree_all(candidate.region.is_compiled):  # its guard reverted it (on some rank) during the trial
             if candidate.region.is_compiled:
@@ -361,13 +367,14 @@ class AutoPlanner:
                          reason=f"failed at run time during its trial, reverted to eager: {failure}")
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
-        speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
-        threshold = max(self.min_speedup, 1.0 + 2.0 * median_noise(self.timer.samples_ms(label)))
+        speedup, noise = self._speedup(label, current_ms, trial_ms)
+        threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
         keep = bool(self.agree(speedup is not None and speedup >= threshold))
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
         if keep:
             self.regions.append(candidate.region)
             self._kept.append(candidate.region)
+            self._baseline_label = label
             reason = f"{speedup:.3f}x faster than the plan before it (threshold {threshold:.3f}x)"
         else:
             revert_region(candidate.region)
@@ -419,7 +426,8 @@ class AutoPlanner:
             try:
                 for _ in range(self.warmup_steps + 2):  # CUDA graphs record on the third call
                     yield WARMUP
-                for _ in range(self.trial_steps):
+                self.timer.settle(label, self._settle_per_shape)
+                for _ in range(self._trial_length):
                     yield label
             except GeneratorExit:  # fit ended during the trial (close()): the plan before it stands
                 restore()
@@ -427,7 +435,7 @@ class AutoPlanner:
             survived = bool(self.agree_all(not failures))  # failed on any rank: given up on all
             if survived:
                 trial_ms = self.timer.median_ms(label, wait=True)
-                speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
+                speedup, _ = self._speedup(label, current_ms, trial_ms)
                 keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
         if keep:
             for region in kept:
@@ -498,8 +506,39 @@ class AutoPlanner:
         by_name = {c.name: c for c in candidates}
         return [by_name[name] for name in order]
 
+    def _fit_trials_to_shapes(self, shapes: int, steps: int) -> None:
+        """``shapes`` distinct batch shapes in the ``steps`` timed before the trials. A few shapes that
+        recur (padding buckets, a handful of lengths) are compared shape by shape; a compiled region
+        compiles or warms up on each new one (CUDA graphs record on the third call), so a trial discards
+        the first two timed steps of every shape and runs longer by three steps a shape (the compiling
+        one is not timed either), at most three times ``trial_steps``. Shapes that hardly recur (raw
+        lengths) cannot be paired: trials compare medians, as for one shape."""
+        if shapes <= 1:
+            return
+        if shapes > min(self.trial_steps, (2 * steps) // 3):
+            self.notes.append(f"batches come in {shapes} shapes in {steps} steps, too many to compare trials shape "
+                              f"by shape: medians compared (pad them to a few sizes for steadier decisions)")
+            return
+        self._by_shape = True
+        self._settle_per_shape = 2
+        self._trial_length = min(self.trial_steps + 3 * shapes, 3 * self.trial_steps)
+        self.notes.append(
+            f"batches come in {shapes} shapes: trials compare like shapes, run {self._trial_length} steps "
+            f"and skip each shape's first two"
+        )
+
+    def _speedup(self, label: str, current_ms: float | None, trial_ms: float | None) -> tuple[float | None, float]:
+        """The trial's speedup over the plan before it and its relative noise, compared shape by shape
+        (:func:`paired_speedup`); by plain medians where no shape was timed in both."""
+        if self._by_shape:
+            paired = paired_speedup(self.timer.samples_by_key(self._baseline_label), self.timer.samples_by_key(label))
+            if paired is not None:
+                return paired
+        speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
+        return speedup, median_noise(self.timer.samples_ms(label))
+
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
-        remaining = self.remaining_batches() - (self.warmup_steps + self.trial_steps)
+        remaining = self.remaining_batches() - (self.warmup_steps + self._trial_length)
         spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
         reason = None
         if remaining <= 0:
@@ -611,14 +650,6 @@ class AutoPlanner:
             yield WARMUP
         while True:
             yield COMPILED
-
-
-def median_noise(samples: list[float]) -> float:
-    """Relative standard error of a median: 1.2533 * sigma / sqrt(n), sigma from the MAD (robust)."""
-    stats = summarize(samples)
-    if not stats:
-        return 0.0
-    return 1.2533 * stats["relative_noise"] / math.sqrt(stats["n"])
 
 
 def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, context: Callable[[], Any]) -> VerificationResult:

@@ -1,15 +1,18 @@
-"""StepTimer: step times without a host sync per step.
+"""StepTimer: step times without a host sync per step, kept by the batch's shape.
 
 On CUDA each step is bracketed by two CUDA events and read only once the end event has completed
 (``Event.query()`` never blocks), so the training loop never waits on the timer. On CPU the work is
-synchronous and ``time.perf_counter`` is exact.
+synchronous and ``time.perf_counter`` is exact. Each sample carries a key (the batch's shapes), so
+windows that saw different mixes of shapes can be compared shape by shape (:func:`paired_speedup`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -32,38 +35,57 @@ class StepTimer:
         self.use_events = device.type == "cuda" and torch.cuda.is_available()
         self.device = device
         self.keep = keep
-        self._samples: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.keep))
-        self._pending: deque[tuple[str, object, object]] = deque()
+        self._samples: dict[str, deque[tuple[float, Hashable]]] = defaultdict(lambda: deque(maxlen=self.keep))
+        self._pending: deque[tuple[str, Hashable, object, object]] = deque()
         self._started: object | None = None
+        self._settle: dict[str, int] = {}
+        self._seen: Counter[tuple[str, Hashable]] = Counter()
+
+    def settle(self, label: str, steps: int) -> None:
+        """Discards the first ``steps`` samples of each new key under ``label``: the first calls of a
+        compiled region on a new shape warm up (CUDA graphs record on the third)."""
+        self._settle[label] = steps
 
     def start(self) -> None:
         self._started = time_mark(self.use_events)
 
-    def stop(self, label: str | None) -> None:
-        """Ends the step begun by :meth:`start`; ``label=None`` discards it (e.g. a step that compiled)."""
+    def stop(self, label: str | None, key: Hashable = None) -> None:
+        """Ends the step begun by :meth:`start`; ``label=None`` discards it (e.g. a step that compiled).
+        ``key`` tells steps of different shapes apart (None: all alike)."""
         started, self._started = self._started, None
         if started is None or label is None:
             return
+        self._seen[(label, key)] += 1
+        if self._seen[(label, key)] <= self._settle.get(label, 0):
+            return
         end = time_mark(self.use_events)
         if self.use_events:
-            self._pending.append((label, started, end))
+            self._pending.append((label, key, started, end))
         else:
-            self._samples[label].append(elapsed_ms(started, end))
+            self._samples[label].append((elapsed_ms(started, end), key))
 
     def _drain(self, *, wait: bool = False) -> None:
         while self._pending:
-            label, start, end = self._pending[0]
+            label, key, start, end = self._pending[0]
             if not wait and not end.query():  # type: ignore[attr-defined]
                 break
             if wait:
                 end.synchronize()  # type: ignore[attr-defined]
             self._pending.popleft()
-            self._samples[label].append(elapsed_ms(start, end))
+            self._samples[label].append((elapsed_ms(start, end), key))
 
     def samples_ms(self, label: str, *, wait: bool = False) -> list[float]:
         """Completed samples for ``label`` in milliseconds; ``wait=True`` waits for pending ones."""
         self._drain(wait=wait)
-        return list(self._samples.get(label, ()))
+        return [ms for ms, _ in self._samples.get(label, ())]
+
+    def samples_by_key(self, label: str, *, wait: bool = False) -> dict[Hashable, list[float]]:
+        """Completed samples for ``label`` grouped by their key, in milliseconds."""
+        self._drain(wait=wait)
+        grouped: dict[Hashable, list[float]] = defaultdict(list)
+        for ms, key in self._samples.get(label, ()):
+            grouped[key].append(ms)
+        return dict(grouped)
 
     def median_ms(self, label: str, *, last: int | None = None, wait: bool = False) -> float | None:
         samples = self.samples_ms(label, wait=wait)
@@ -71,8 +93,44 @@ class StepTimer:
             samples = samples[-last:]
         return statistics.median(samples) if samples else None
 
+    def keys(self, labels: tuple[str, ...]) -> Counter[Hashable]:
+        """How many completed or pending steps of each key the ``labels`` hold."""
+        counts: Counter[Hashable] = Counter(key for label in labels for _, key in self._samples.get(label, ()))
+        counts.update(key for label, key, *_ in self._pending if label in labels)
+        return counts
+
     def count(self, label: str) -> int:
         return len(self._samples.get(label, ())) + sum(1 for item in self._pending if item[0] == label)
+
+
+def paired_speedup(before: dict[Hashable, list[float]], after: dict[Hashable, list[float]]) -> tuple[float, float] | None:
+    """How much faster ``after``'s steps ran than ``before``'s, shape by shape, and the relative noise.
+
+    Each key's median in ``before`` prices the same key's steps in ``after``: the speedup is what
+    ``after``'s steps would have taken before over what they took (per-key medians, so one slow step
+    moves nothing). Windows that saw different mixes of shapes (variable-length batches) so compare
+    like with like; with one shape it is the ratio of the two medians. The noise is the relative
+    standard error of that ratio: each window's steps around their own key's median, combined. None
+    when no key was timed in both.
+    """
+    shared = [key for key in after if key in before and after[key] and before[key]]
+    if not shared:
+        return None
+    priced = sum(len(after[key]) * statistics.median(before[key]) for key in shared)
+    took = sum(len(after[key]) * statistics.median(after[key]) for key in shared)
+
+    def noise(window: dict[Hashable, list[float]]) -> float:
+        return median_noise([ms / statistics.median(window[key]) for key in shared for ms in window[key]])
+
+    return (priced / took if took > 0 else 0.0), math.hypot(noise(before), noise(after))
+
+
+def median_noise(samples: list[float]) -> float:
+    """Relative standard error of a median: 1.2533 * sigma / sqrt(n), sigma from the MAD (robust)."""
+    stats = summarize(samples)
+    if not stats:
+        return 0.0
+    return 1.2533 * stats["relative_noise"] / math.sqrt(stats["n"])
 
 
 

@@ -1,5 +1,6 @@
 """regions="auto": profile, trial, verify, keep or revert — with real Trainers and real compiles."""
 
+import statistics
 import time
 
 import lightning as L
@@ -14,6 +15,14 @@ from tests.conftest import TinyModel, loader, make_trainer
 def _sleepy(gm, example_inputs):
     def run(*args):
         time.sleep(0.05)  # a compiled region 50 ms slower than eager
+        return gm.forward(*args)
+
+    return run
+
+
+def _slower(gm, example_inputs):
+    def run(*args):
+        time.sleep(0.003)  # a compiled region 3 ms slower than eager
         return gm.forward(*args)
 
     return run
@@ -35,7 +44,8 @@ def _raising(gm, example_inputs):
 def test_backends():
     from torch._dynamo import register_backend  # the documented way to add a custom backend
 
-    for name, fn in [("test_sleepy", _sleepy), ("test_perturbed", _perturbed), ("test_raising", _raising)]:
+    for name, fn in [("test_sleepy", _sleepy), ("test_slower", _slower), ("test_perturbed", _perturbed),
+                     ("test_raising", _raising)]:
         try:
             register_backend(compiler_fn=fn, name=name)
         except Exception:
@@ -240,3 +250,70 @@ def test_corrupt_plan_cache_is_ignored_with_a_warning_and_rebuilt(tmp_path):
         make_trainer(tmp_path / "b", [second], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
     assert second.planner.profiler is not None  # it profiled and tried again
     assert '"planner"' in plan_file.read_text()  # and wrote a good plan back
+
+
+class LengthCostModel(L.LightningModule):
+    """A step whose time is set by the batch's length (a sleep outside the compiled forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(batch.shape[1] * 1e-4)  # 12.8 ms for 128 steps of length, 0.8 ms for 8
+        return self(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class MixShiftingBatches(torch.utils.data.Dataset):
+    """Mostly long batches first (the eager baseline sees those), mostly short ones later (the trial)."""
+
+    def __init__(self, steps: int) -> None:
+        first, later = [128, 128, 8], [8, 8, 8, 128]
+        self.lengths = [first[i % 3] if i < 12 else later[i % 4] for i in range(steps)]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randn(4, self.lengths[index], 16)
+
+
+def test_trials_compare_steps_of_like_shapes(tmp_path):
+    # The compiled region is 3 ms slower on every step. Plain medians would compare the baseline's long
+    # batches (~15 ms) with the trial's short ones (~2 + 3 ms) and keep it as ~3x faster; shape by
+    # shape it is slower, and it is reverted.
+    callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1)
+    data = torch.utils.data.DataLoader(MixShiftingBatches(40), batch_size=None)
+    make_trainer(tmp_path, [callback], max_steps=40).fit(LengthCostModel(), data)
+    decision = callback.planner.decisions[0]
+    assert not decision.kept and decision.speedup < 0.8, decision
+    assert any("batches come in 2 shapes" in note for note in callback.planner.notes)
+    timer = callback.timer
+    naive = statistics.median(timer.samples_ms("eager")) / statistics.median(timer.samples_ms("trial:0"))
+    assert naive > 2  # what the windows' mixes alone would have made of it
+
+
+class EverChangingBatches(torch.utils.data.Dataset):
+    """A new length every step: no shape recurs, so no trial step can be paired with a baseline step."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randn(4, 8 + index, 16)
+
+
+def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
+    callback = auto(backend="eager", eager_baseline_steps=6, trial_steps=6, max_trials=1)
+    data = torch.utils.data.DataLoader(EverChangingBatches(), batch_size=None)
+    make_trainer(tmp_path, [callback], max_steps=40).fit(LengthCostModel(), data)
+    assert any("too many to compare trials shape by shape" in note for note in callback.planner.notes)
+    decision = callback.planner.decisions[0]
+    assert decision.speedup is not None and decision.step_ms is not None  # every step timed, none skipped
+    assert callback.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled

@@ -43,7 +43,10 @@ def make_planner(model: nn.Module, x: torch.Tensor, trial_ms: float) -> AutoPlan
     (region,) = resolve_regions(model, ["head"])
     watch = CompileWatch({id(region.modules[0]): "head"}, {id(m): n for n, m in model.named_modules()})
     planner = AutoPlanner(
-        model, CompileOptions(backend="inductor"), timer=SimpleNamespace(median_ms=lambda label, wait: trial_ms),
+        model, CompileOptions(backend="inductor"), timer=SimpleNamespace(
+            median_ms=lambda label, wait: trial_ms, samples_by_key=lambda label, wait=False: {},
+            samples_ms=lambda label, wait=False: [], settle=lambda label, steps: None,
+        ),
         watch=watch, device=torch.device("cpu"), warmup_steps=1, profile_steps=1, baseline_steps=1,
         trial_steps=2, min_speedup=1.05, max_trials=3, verify=True, tolerance=None, agree=lambda v: v,
         remaining_batches=lambda: 10**6, context=lambda: torch.autocast("cpu", enabled=False),

@@ -1,0 +1,48 @@
+"""StepTimer keys and settling, and the shape-by-shape speedup the planner's trials are judged by."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from compile_callback.timing import StepTimer, median_noise, paired_speedup
+
+
+def test_windows_of_different_mixes_compare_like_with_like():
+    before = {"short": [1.0], "long": [10.0, 10.0, 10.0]}  # median of all: 10
+    after = {"short": [1.0, 1.0, 1.0], "long": [10.0]}  # median of all: 1, yet nothing got faster
+    speedup, noise = paired_speedup(before, after)
+    assert speedup == pytest.approx(1.0) and noise == 0.0
+    faster = {"short": [0.5, 0.5, 0.5], "long": [5.0]}
+    assert paired_speedup(before, faster)[0] == pytest.approx(2.0)
+    # Weighted by the time the steps took: halving the long steps only counts for what they weigh.
+    long_only_faster = {"short": [1.0, 1.0, 1.0], "long": [5.0]}
+    assert paired_speedup(before, long_only_faster)[0] == pytest.approx(13.0 / 8.0)
+
+
+def test_one_shape_is_the_ratio_of_medians_with_the_usual_noise():
+    before = {None: [10.0, 11.0, 9.0]}
+    after = {None: [5.0, 5.5, 4.5, 5.2]}
+    speedup, noise = paired_speedup(before, after)
+    assert speedup == pytest.approx(statistics.median(before[None]) / statistics.median(after[None]))
+    # The ratio of two medians: both windows' relative standard errors, combined.
+    assert noise == pytest.approx(math.hypot(median_noise(before[None]), median_noise(after[None])))
+
+
+def test_shapes_timed_in_one_window_only_are_left_out():
+    assert paired_speedup({"a": [2.0]}, {"b": [1.0]}) is None
+    assert paired_speedup({"a": [2.0], "b": [4.0]}, {"a": [1.0], "c": [100.0]})[0] == pytest.approx(2.0)
+
+
+def test_settle_drops_each_new_shapes_first_steps():
+    timer = StepTimer(torch.device("cpu"))
+    timer.settle("trial", 2)
+    for key in ["a", "a", "a", "b", "a", "b", "b"]:
+        timer.start()
+        timer.stop("trial", key=key)
+    assert {key: len(samples) for key, samples in timer.samples_by_key("trial").items()} == {"a": 2, "b": 1}
+    assert timer.count("trial") == 3
+    timer.start()
+    timer.stop("other", key="a")  # settling is per label
+    assert timer.count("other") == 1
