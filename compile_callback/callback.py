@@ -259,6 +259,8 @@ class CompileCallback(Callback):
         self._churn_actions: list[dict[str, Any]] = []
         self._loaders_padded: set[str] = set()
         self._static_buckets = False
+        self._val_loaders_waiting: list[Any] = []  # asked for before the training loaders' census
+        self._wrapped_hooks: list[tuple[Any, str]] = []  # (datamodule or module, hook name) wrapped for padding
         self._bucket_graphs = 0  # static graphs an epoch's padded batches may need, per stage
         self._previous_recompile_limit: int | None = None
 
@@ -289,6 +291,8 @@ class CompileCallback(Callback):
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
         if self.pad is not None and stage == "fit":
             self._static_buckets = False
+            self._loaders_padded.clear()
+            self._val_loaders_waiting.clear()
             self._pad_at_the_source(trainer, pl_module)
         if self.cache_dir is not None and stage == "fit":
             try:
@@ -311,7 +315,7 @@ class CompileCallback(Callback):
 
     def _pad_loaders(self, loaders: Any, kind: str) -> bool:
         """Chooses the edges (from the first training loader's dataset) and puts the collate in;
-        returns whether it did."""
+        returns whether every loader took it."""
         plan = self._padding_plan()
         try:
             if plan.edges is None:
@@ -323,10 +327,11 @@ class CompileCallback(Callback):
                 self._notes.append(
                     f"padding: {plan.target} sizes from a census of {plan.census_size} samples -> edges {plan.edges}"
                 )
-            for warning in apply_to_loaders(loaders, plan):
+            warnings, every = apply_to_loaders(loaders, plan)
+            for warning in warnings:
                 rank_zero_warn(warning)
             self._loaders_padded.add(kind)
-            return True
+            return every
         except PaddingNotApplied as error:
             rank_zero_warn(f"CompileCallback(pad={self.pad!r}) could not pad the {kind} dataloaders: {error}")
             self._notes.append(f"padding not applied to {kind}: {error}")
@@ -334,23 +339,31 @@ class CompileCallback(Callback):
             return False
 
     def _pad_at_the_source(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Wraps the ``*_dataloader`` hooks that will make the loaders, so batches are padded from the first.
-        (The training loaders come first, edges from their census: ``on_fit_start`` reads
-        ``estimated_stepping_batches``, which makes them before the sanity check's validation loaders.)"""
+        """Wraps the ``*_dataloader`` hooks that will make the loaders, so batches are padded from the
+        first. The edges come from the training set's census: validation loaders asked for before the
+        training ones (the sanity check comes first when ``estimated_stepping_batches`` has not made
+        the training loaders yet, e.g. ``Trainer(max_steps=...)``) wait, unpadded, and are padded with
+        them, from their next iterator on."""
         source = trainer.datamodule if trainer.datamodule is not None else pl_module
-        for kind in ("train", "val"):
+        wrapped = [kind for kind in ("train", "val") if getattr(source, f"{kind}_dataloader", None) is not None
+                   and is_overridden(f"{kind}_dataloader", source)]
+        for kind in wrapped:
             name = f"{kind}_dataloader"
-            original = getattr(source, name, None)
-            if original is None or not is_overridden(name, source):
-                continue
+            original = getattr(source, name)
 
             def padded(original=original, kind=kind):  # noqa: ANN001 - binds loop variables
                 loaders = original()
-                if self._pad_loaders(loaders, kind) and kind == "train":
+                if kind == "val" and "train" in wrapped and self._padding_plan().edges is None:
+                    self._val_loaders_waiting.append(loaders)
+                elif self._pad_loaders(loaders, kind) and kind == "train":
                     self._compile_static_buckets()
+                if kind == "train" and self._padding_plan().edges is not None:
+                    while self._val_loaders_waiting:
+                        self._pad_loaders(self._val_loaders_waiting.pop(0), "val")
                 return loaders
 
             setattr(source, name, padded)
+            self._wrapped_hooks.append((source, name))
 
     def _compile_static_buckets(self) -> None:
         """With batches padded from the first, every batch has one of a few fixed shapes: each is compiled
@@ -362,8 +375,9 @@ class CompileCallback(Callback):
         if self._static_buckets or self.dynamic is not None or not edges:
             return
         self._static_buckets = True
-        # Per bucket a full batch and a short last one, each in training and in validation (no_grad).
-        self._bucket_graphs = len(edges) * (2 if self._padding_plan().short_batch == "keep" else 1)
+        # Per padded shape a full batch and a short last one, each in training and in validation (no_grad).
+        plan = self._padding_plan()
+        self._bucket_graphs = plan.shapes() * (2 if plan.short_batch == "keep" else 1)
         needed = 2 * self._bucket_graphs
         limit = torch_internals.recompile_limit()
         note = "padding: regions compiled static (dynamic=False), one graph per bucket"
@@ -380,9 +394,10 @@ class CompileCallback(Callback):
         if not self._static_buckets:
             return
         if self.churn is not None:
-            self.churn.expected_per_epoch = self._bucket_graphs
+            self.churn.shape_budget = self._bucket_graphs
         if self.planner is None:
             return
+        self.planner.shape_budget = self._bucket_graphs
         self.planner.options = dataclasses.replace(self.planner.options, dynamic=False)
         for region in self.planner.regions:
             # Compiled before the first batch (no eager baseline, a resumed or cached plan): made static.
@@ -475,6 +490,8 @@ class CompileCallback(Callback):
         return {
             "regions": self.regions, "backend": self.backend, "mode": self.mode, "fullgraph": self.fullgraph,
             "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
+            # Padding changes the shapes the plan was measured on (and makes regions static).
+            "pad": self.pad, "pad_max_buckets": self.pad_max_buckets, "pad_multiple": self.pad_multiple,
         }
 
     def _load_cached_plan(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -650,6 +667,9 @@ class CompileCallback(Callback):
         if self._previous_recompile_limit is not None:
             torch_internals.set_recompile_limit(self._previous_recompile_limit)
             self._previous_recompile_limit = None
+        while self._wrapped_hooks:  # the datamodule's or module's own dataloader hooks again
+            source, name = self._wrapped_hooks.pop()
+            vars(source).pop(name, None)
         if self.watch is not None:
             self.watch.stop()
         if self._inductor_cache_set:

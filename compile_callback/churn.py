@@ -62,8 +62,9 @@ class ChurnPolicy:
         self.policy = policy
         self.max_recompiles_per_epoch = max_recompiles_per_epoch
         self.first_epoch = first_epoch
-        # Recompiles an epoch is expected to make on top (one static graph per padding bucket).
-        self.expected_per_epoch = 0
+        # Shape recompiles each (region, stage) is expected to make, in any epoch: one static graph per
+        # padding bucket (set by the callback when it compiles the buckets static).
+        self.shape_budget = 0
         self.handled: set[tuple[str, str]] = set()
         self.actions: list[ChurnAction] = []
 
@@ -74,6 +75,7 @@ class ChurnPolicy:
             recompiles: every recompile of the run so far.
             fallbacks: ``(region, reason)`` for each region that hit the recompile limit.
         """
+        recompiles = self._beyond_the_buckets(list(recompiles))
         per_epoch = Counter((r.stage, r.epoch) for r in recompiles)
         new: list[ChurnAction] = []
         for region, reason in fallbacks:
@@ -82,15 +84,27 @@ class ChurnPolicy:
             count = per_epoch[(recompile.stage, recompile.epoch)]
             if recompile.stage == "train" and recompile.epoch > self.first_epoch:
                 why = f"recompiled in epoch {recompile.epoch}, after the first"
-            elif count > self.max_recompiles_per_epoch + self.expected_per_epoch:
-                allowed = f"max_recompiles_per_epoch={self.max_recompiles_per_epoch}"
-                if self.expected_per_epoch:
-                    allowed += f", plus {self.expected_per_epoch} for the padding buckets' static graphs"
-                why = f"{count} recompiles in {recompile.stage} epoch {recompile.epoch} ({allowed})"
+            elif count > self.max_recompiles_per_epoch:
+                why = f"{count} recompiles in {recompile.stage} epoch {recompile.epoch} (max_recompiles_per_epoch={self.max_recompiles_per_epoch})"
             else:
                 continue
             new += self._once(recompile.region, recompile.reason, recompile.kind, why)
         return new
+
+    def _beyond_the_buckets(self, recompiles: list[Recompile]) -> list[Recompile]:
+        """The recompiles left once each (region, stage)'s first ``shape_budget`` shape recompiles, the
+        padding buckets' own static graphs, are set aside (whichever epoch a bucket first shows up in)."""
+        if not self.shape_budget:
+            return recompiles
+        seen: Counter[tuple[str, str]] = Counter()
+        left = []
+        for recompile in recompiles:
+            if recompile.kind == SHAPE:
+                seen[(recompile.region, recompile.stage)] += 1
+                if seen[(recompile.region, recompile.stage)] <= self.shape_budget:
+                    continue
+            left.append(recompile)
+        return left
 
     def _once(self, region: str, cause: str, kind: str, why: str) -> list[ChurnAction]:
         # One action per changing thing: "`x.size(1)` changed 512 → 640" and "... 640 → 768" are one cause.

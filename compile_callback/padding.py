@@ -61,6 +61,11 @@ class PaddingPlan:
             self.edges = choose_buckets(census, max_buckets=self.max_buckets, multiple=self.multiple)
         return self.edges
 
+    def shapes(self) -> int:
+        """How many padded shapes the edges make: one per edge, or per (height, width) pair for images."""
+        assert self.edges is not None, "choose() the edges first"
+        return len(self.edges) ** 2 if self.target == "image" else len(self.edges)
+
     def collate(self, inner: Callable[[list[Any]], Any] | None, batch_size: int | None) -> PadCollate:
         assert self.edges is not None, "choose() the edges first"
         common = dict(
@@ -115,25 +120,30 @@ def census_from_dataset(dataset: Any, *, limit: int = CENSUS_SAMPLES) -> tuple[S
     return census, target
 
 
-def apply_to_loaders(loaders: Any, plan: PaddingPlan) -> list[str]:
+def apply_to_loaders(loaders: Any, plan: PaddingPlan) -> tuple[list[str], bool]:
     """Puts ``plan``'s collate into every DataLoader in ``loaders`` (one, or a list/tuple/dict of them).
 
     Returns:
-        Warnings for loaders that could not take it or take it late, each with the fix.
+        Warnings for loaders that could not take it or take it late, each with the fix, and whether
+        every loader took it.
     """
     warnings: list[str] = []
+    every = True
     for loader in _flatten(loaders):
         if not isinstance(loader, DataLoader):
             warnings.append(
                 f"padding not applied to a {type(loader).__name__}: only torch DataLoaders are wrapped. "
                 f"Pass collate_fn=PadCollate(...) to it yourself."
             )
+            every = False
             continue
         if loader.batch_size is None:
             warnings.append(
                 "padding not applied to a DataLoader with batch_size=None (its dataset yields whole "
-                "batches): pad inside the dataset, or let the DataLoader batch samples."
+                "batches) or a batch_sampler: pad inside the dataset or the sampler's collate, or let the "
+                "DataLoader batch samples."
             )
+            every = False
             continue
         inner = loader.collate_fn.inner if isinstance(loader.collate_fn, PadCollate) else loader.collate_fn
         loader.collate_fn = plan.collate(inner, loader.batch_size)
@@ -142,7 +152,7 @@ def apply_to_loaders(loaders: Any, plan: PaddingPlan) -> list[str]:
                 "a DataLoader with persistent_workers=True keeps the collate its workers started with; "
                 "padding applies once they restart. Set persistent_workers=False to pad from the next epoch."
             )
-    return warnings
+    return warnings, every
 
 
 def _flatten(loaders: Any) -> list[Any]:

@@ -238,6 +238,7 @@ class AutoPlanner:
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
         self._by_shape = False  # whether trials compare steps shape by shape
+        self.shape_budget = 0  # recompiles per region expected from static padding buckets (set by the callback)
 
     # -- the interface the callback drives --------------------------------------------------------
     def before_fit(self) -> None:
@@ -280,9 +281,14 @@ class AutoPlanner:
         self.profiler.detach()
         for _ in range(self.baseline_steps):
             yield EAGER
+        shapes, steps = self._shapes_seen()
+        if self._recurring(shapes, steps) and steps < 3 * shapes:
+            # A few shapes that recur, too rarely yet to price each: more eager steps, about three a shape.
+            for _ in range(min(3 * shapes - steps, 2 * self.baseline_steps)):
+                yield EAGER
+            shapes, steps = self._shapes_seen()
         self.eager_ms = self.agree(self.timer.median_ms(EAGER, wait=True))
-        seen = self.timer.keys((PROFILE, EAGER))
-        self._fit_trials_to_shapes(*self.agree((len(seen), sum(seen.values()))))
+        self._fit_trials_to_shapes(shapes, steps)
         device_ms = self.eager_ms
         host_ms = statistics.median(self._host_ms) if self._host_ms else None
         if self.device.type == "cuda" and device_ms and host_ms:
@@ -389,7 +395,9 @@ class AutoPlanner:
         return trial_ms if keep else None
 
     def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
-        recompiled = any(self.watch.stats[r.name].recompiles for r in self.regions if r.name in self.watch.stats)
+        # Shapes that keep changing re-record CUDA graphs; static padding buckets record once each.
+        recompiled = any(self.watch.stats[r.name].recompiles > self.shape_budget
+                         for r in self.regions if r.name in self.watch.stats)
         if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
@@ -515,7 +523,7 @@ class AutoPlanner:
         lengths) cannot be paired: trials compare medians, as for one shape."""
         if shapes <= 1:
             return
-        if shapes > min(self.trial_steps, (2 * steps) // 3):
+        if not self._recurring(shapes, steps):
             self.notes.append(f"batches come in {shapes} shapes in {steps} steps, too many to compare trials shape "
                               f"by shape: medians compared (pad them to a few sizes for steadier decisions)")
             return
@@ -526,6 +534,16 @@ class AutoPlanner:
             f"batches come in {shapes} shapes: trials compare like shapes, run {self._trial_length} steps "
             f"and skip each shape's first two"
         )
+
+    def _shapes_seen(self) -> tuple[int, int]:
+        """Distinct batch shapes and steps timed so far (profiling and eager baseline), rank 0's."""
+        seen = self.timer.keys((PROFILE, EAGER))
+        shapes, steps = self.agree((len(seen), sum(seen.values())))
+        return int(shapes), int(steps)
+
+    def _recurring(self, shapes: int, steps: int) -> bool:
+        """A few shapes that come back (at most ``trial_steps``, in at most two thirds of the steps)."""
+        return 1 < shapes <= min(self.trial_steps, (2 * steps) // 3)
 
     def _speedup(self, label: str, current_ms: float | None, trial_ms: float | None) -> tuple[float | None, float]:
         """The trial's speedup over the plan before it and its relative noise, compared shape by shape

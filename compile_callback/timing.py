@@ -108,10 +108,11 @@ def paired_speedup(before: dict[Hashable, list[float]], after: dict[Hashable, li
 
     Each key's median in ``before`` prices the same key's steps in ``after``: the speedup is what
     ``after``'s steps would have taken before over what they took (per-key medians, so one slow step
-    moves nothing). Windows that saw different mixes of shapes (variable-length batches) so compare
+    moves little where a shape has several). Windows that saw different mixes of shapes (variable-length batches) so compare
     like with like; with one shape it is the ratio of the two medians. The noise is the relative
-    standard error of that ratio: each window's steps around their own key's median, combined. None
-    when no key was timed in both.
+    standard error of that ratio: each window's steps around their own key's median, combined, from
+    the keys with three steps or more (one or two steps sit on their median and would hide the
+    spread). None when no key was timed in both.
     """
     shared = [key for key in after if key in before and after[key] and before[key]]
     if not shared:
@@ -120,7 +121,8 @@ def paired_speedup(before: dict[Hashable, list[float]], after: dict[Hashable, li
     took = sum(len(after[key]) * statistics.median(after[key]) for key in shared)
 
     def noise(window: dict[Hashable, list[float]]) -> float:
-        return median_noise([ms / statistics.median(window[key]) for key in shared for ms in window[key]])
+        keys = [key for key in shared if len(window[key]) >= 3] or shared
+        return median_noise([ms / statistics.median(window[key]) for key in keys for ms in window[key]])
 
     return (priced / took if took > 0 else 0.0), math.hypot(noise(before), noise(after))
 

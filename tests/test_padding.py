@@ -148,6 +148,62 @@ def test_edges_come_from_the_training_set_with_a_sanity_check(tmp_path):
     assert len(model.val_shapes) > 2 and {shape[1] for shape in model.val_shapes} == {min(edges)}
 
 
+def test_bucket_recompiles_in_any_epoch_are_not_churn_but_more_are():
+    from compile_callback.churn import ChurnPolicy
+    from compile_callback.watch import SHAPE, Recompile
+
+    def recompile(region, epoch, stage="train"):
+        return Recompile(region=region, reason="`x.size(1)` changed", stage=stage, epoch=epoch, step=epoch, kind=SHAPE)
+
+    # A short last batch that lands in another bucket in epoch 2, in each of two regions: the buckets' own.
+    seen = [recompile("a", 0), recompile("b", 0), recompile("a", 2), recompile("b", 2)]
+    policy = ChurnPolicy("raise", max_recompiles_per_epoch=0)
+    policy.shape_budget = 2
+    assert policy.check(seen) == []
+    # A third shape recompile of one region is beyond its buckets: churn.
+    (action,) = policy.check([*seen, recompile("a", 3)])
+    assert action.region == "a" and "after the first" in action.why
+    assert ChurnPolicy("raise", max_recompiles_per_epoch=0).check(seen)  # without buckets: churn
+
+
+def test_no_static_graphs_when_a_training_loader_cannot_be_padded(tmp_path):
+    class BatchSamplerLoaders(ModelWithLoaders):
+        def train_dataloader(self):
+            dataset = VarLenDataset(LENGTHS)
+            batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
+            return DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest)
+
+    callback = padded(dynamic=None, pad_max_buckets=3)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="padding not applied to a DataLoader with batch_size=None"):
+        trainer.fit(BatchSamplerLoaders())
+    # Raw lengths under dynamic=False would compile a graph each: left to dynamo instead.
+    assert all(region.compiled_with.dynamic is None for region in callback.planner.regions)
+    assert not any("compiled static" in note for note in callback.last_report["plan"]["notes"])
+
+
+def test_edges_come_from_the_training_set_when_validation_is_asked_for_first(tmp_path):
+    # Trainer(max_steps=...) leaves max_epochs at -1: estimated_stepping_batches makes no training
+    # loaders then, and the sanity check asks for the validation loaders first.
+    callback = padded(pad_max_buckets=3)
+    model = ShapeRecordingModel(val_lengths=[5])
+    trainer = make_trainer(tmp_path, [callback], max_epochs=None, max_steps=30, num_sanity_val_steps=2,
+                           val_check_interval=10)
+    trainer.fit(model)
+    edges = callback.last_report["padding"]["edges"]
+    assert max(edges) == 32 and len(edges) == 3
+    assert {shape[1] for shape in model.shapes_seen} <= set(edges)
+    sanity, later = model.val_shapes[:2], model.val_shapes[2:]
+    assert {shape[1] for shape in sanity} == {5}  # asked for before the census: not padded
+    assert later and {shape[1] for shape in later} == {min(edges)}
+
+
+def test_the_dataloader_hooks_are_given_back_after_fit(tmp_path):
+    model = ModelWithLoaders()
+    make_trainer(tmp_path, [padded()], max_epochs=1, limit_val_batches=0).fit(model)
+    assert "train_dataloader" not in vars(model) and "val_dataloader" not in vars(model)
+
+
 def test_loaders_given_to_fit_are_padded_from_the_second_epoch(tmp_path):
     callback = padded()
     model = TokenModel()
@@ -169,6 +225,14 @@ def test_padding_keeps_every_other_loader_setting(tmp_path):
     trainer.fit(TokenModel(), train_dataloaders=loader)
     assert trainer.train_dataloader is loader and loader.sampler is sampler and loader.drop_last
     assert loader.collate_fn.inner is pad_to_longest
+
+
+def test_image_buckets_make_a_shape_per_height_and_width():
+    plan = PaddingPlan([32, 48])
+    plan.target, plan.edges = "image", [32, 48]
+    assert plan.shapes() == 4  # 32x32, 32x48, 48x32, 48x48: the graphs static buckets may need
+    plan.target = "sequence"
+    assert plan.shapes() == 2
 
 
 def test_census_and_edges_minimize_padding():

@@ -46,3 +46,11 @@ def test_settle_drops_each_new_shapes_first_steps():
     timer.start()
     timer.stop("other", key="a")  # settling is per label
     assert timer.count("other") == 1
+
+
+def test_shapes_with_one_or_two_steps_do_not_hide_the_spread():
+    before = {"a": [10.0, 11.0, 9.0, 10.5, 9.5], "b": [6.0]}
+    after = {"a": [5.0, 5.5, 4.5, 5.2, 4.8], "b": [3.0]}
+    _, noise = paired_speedup(before, after)
+    # "b" sits on its own median: counted, it would make the steps look steadier than they are.
+    assert noise == pytest.approx(math.hypot(median_noise(before["a"]), median_noise(after["a"])))
