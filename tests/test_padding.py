@@ -122,6 +122,24 @@ def test_static_buckets_raise_the_recompile_limit_for_the_fit_only(tmp_path):
         torch._dynamo.config.recompile_limit = limit
 
 
+def test_the_recompile_limit_comes_back_when_fit_fails(tmp_path):
+    class FailsLater(ModelWithLoaders):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 5:
+                raise RuntimeError("the user's step failed")
+            return super().training_step(batch, batch_idx)
+
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 4
+    try:
+        trainer = make_trainer(tmp_path, [padded(dynamic=None, pad_max_buckets=3)], max_epochs=1, limit_val_batches=0)
+        with pytest.raises(RuntimeError, match="the user's step failed"):
+            trainer.fit(FailsLater())
+        assert torch._dynamo.config.recompile_limit == 4
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+
+
 def test_a_chosen_dynamic_is_kept_and_fit_loaders_stay_dynamic(tmp_path):
     chosen = padded(dynamic=True)
     make_trainer(tmp_path / "a", [chosen], max_epochs=1, limit_val_batches=0).fit(ModelWithLoaders())
