@@ -353,17 +353,30 @@ class CompileCallback(Callback):
 
             def padded(original=original, kind=kind):  # noqa: ANN001 - binds loop variables
                 loaders = original()
-                if kind == "val" and "train" in wrapped and self._padding_plan().edges is None:
+                if kind == "train":
+                    if self._pad_loaders(loaders, "train"):
+                        self._compile_static_buckets()
+                    if self._padding_plan().edges is not None:
+                        while self._val_loaders_waiting:
+                            self._pad_validation(self._val_loaders_waiting.pop(0))
+                elif "train" in wrapped and self._padding_plan().edges is None:
                     self._val_loaders_waiting.append(loaders)
-                elif self._pad_loaders(loaders, kind) and kind == "train":
-                    self._compile_static_buckets()
-                if kind == "train" and self._padding_plan().edges is not None:
-                    while self._val_loaders_waiting:
-                        self._pad_loaders(self._val_loaders_waiting.pop(0), "val")
+                else:
+                    self._pad_validation(loaders)
                 return loaders
 
             setattr(source, name, padded)
             self._wrapped_hooks.append((source, name))
+
+    def _pad_validation(self, loaders: Any) -> None:
+        """Pads the validation loaders; says what it costs when some cannot be and training is static."""
+        if not self._pad_loaders(loaders, "val") and self._static_buckets:
+            rank_zero_warn(
+                "CompileCallback: some validation dataloaders cannot be padded while training compiles a static "
+                "graph per bucket: each validation batch shape compiles a graph of its own, up to dynamo's "
+                "recompile limit, and then runs eager. Let the validation DataLoader batch samples (no "
+                "batch_sampler), or pass dynamic=True."
+            )
 
     def _compile_static_buckets(self) -> None:
         """With batches padded from the first, every batch has one of a few fixed shapes: each is compiled
@@ -418,7 +431,7 @@ class CompileCallback(Callback):
                 "train_dataloader()/val_dataloader()."
             )
         if "val" not in self._loaders_padded and trainer.val_dataloaders is not None:
-            self._pad_loaders(trainer.val_dataloaders, "val")
+            self._pad_validation(trainer.val_dataloaders)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Runs on every rank after the strategy has moved and wrapped the model: compiling in place

@@ -216,6 +216,18 @@ def test_edges_come_from_the_training_set_when_validation_is_asked_for_first(tmp
     assert later and {shape[1] for shape in later} == {min(edges)}
 
 
+def test_a_validation_loader_that_cannot_be_padded_is_named_when_training_is_static(tmp_path):
+    class BatchSamplerValidation(ModelWithLoaders):
+        def val_dataloader(self):
+            dataset = VarLenDataset(LENGTHS)
+            batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
+            return DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest)
+
+    trainer = make_trainer(tmp_path, [padded(dynamic=None)], max_epochs=1, limit_val_batches=2)
+    with pytest.warns(UserWarning, match="each validation batch shape compiles a graph of its own"):
+        trainer.fit(BatchSamplerValidation())
+
+
 def test_the_dataloader_hooks_are_given_back_after_fit(tmp_path):
     model = ModelWithLoaders()
     make_trainer(tmp_path, [padded()], max_epochs=1, limit_val_batches=0).fit(model)
