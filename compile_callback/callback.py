@@ -384,12 +384,11 @@ class CompileCallback(Callback):
         dynamo makes the padded size dynamic at the second bucket, and dynamic-shape kernels over padded
         batches lose to static ones (BENCHMARKS.md, variable-length GPT-2). Dynamo's recompile limit is
         raised, for this fit, to the graphs the buckets need, so none of them falls back to eager."""
-        edges = self._padding_plan().edges
-        if self._static_buckets or self.dynamic is not None or not edges:
+        plan = self._padding_plan()
+        if self._static_buckets or self.dynamic is not None or not plan.edges:
             return
         self._static_buckets = True
         # Per padded shape a full batch and a short last one, each in training and in validation (no_grad).
-        plan = self._padding_plan()
         self._bucket_graphs = plan.shapes() * (2 if plan.short_batch == "keep" else 1)
         needed = 2 * self._bucket_graphs
         limit = torch_internals.recompile_limit()
@@ -569,7 +568,9 @@ class CompileCallback(Callback):
         sampled = self._anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
-        self.timer.stop(None if compiled_now or sampled else self._label, key=batch_shapes(batch))
+        # Shapes matter only to the planner's trials: a frozen plan's steps skip walking the batch.
+        key = None if self.planner.frozen else batch_shapes(batch)
+        self.timer.stop(None if compiled_now or sampled else self._label, key=key)
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
         self.planner.after_batch(self._batch_index, host_ms=host_ms)

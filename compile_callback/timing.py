@@ -55,9 +55,10 @@ class StepTimer:
         started, self._started = self._started, None
         if started is None or label is None:
             return
-        self._seen[(label, key)] += 1
-        if self._seen[(label, key)] <= self._settle.get(label, 0):
-            return
+        if label in self._settle:  # counted only where it settles: raw lengths would grow it every step
+            self._seen[(label, key)] += 1
+            if self._seen[(label, key)] <= self._settle[label]:
+                return
         end = time_mark(self.use_events)
         if self.use_events:
             self._pending.append((label, key, started, end))

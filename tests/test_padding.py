@@ -16,6 +16,13 @@ def make_loader():
     return DataLoader(VarLenDataset(LENGTHS), batch_size=4, collate_fn=pad_to_longest)
 
 
+def batch_sampler_loader():
+    """Batches made by a batch_sampler: the loader has batch_size=None and cannot take the padding collate."""
+    dataset = VarLenDataset(LENGTHS)
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest)
+
+
 class VarLenData(L.LightningDataModule):
     def train_dataloader(self):
         return make_loader()
@@ -187,9 +194,7 @@ def test_bucket_recompiles_in_any_epoch_are_not_churn_but_more_are():
 def test_no_static_graphs_when_a_training_loader_cannot_be_padded(tmp_path):
     class BatchSamplerLoaders(ModelWithLoaders):
         def train_dataloader(self):
-            dataset = VarLenDataset(LENGTHS)
-            batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
-            return DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest)
+            return batch_sampler_loader()
 
     callback = padded(dynamic=None, pad_max_buckets=3)
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_val_batches=0)
@@ -219,9 +224,7 @@ def test_edges_come_from_the_training_set_when_validation_is_asked_for_first(tmp
 def test_a_validation_loader_that_cannot_be_padded_is_named_when_training_is_static(tmp_path):
     class BatchSamplerValidation(ModelWithLoaders):
         def val_dataloader(self):
-            dataset = VarLenDataset(LENGTHS)
-            batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
-            return DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest)
+            return batch_sampler_loader()
 
     trainer = make_trainer(tmp_path, [padded(dynamic=None)], max_epochs=1, limit_val_batches=2)
     with pytest.warns(UserWarning, match="each validation batch shape compiles a graph of its own"):
