@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--variants", nargs="+", metavar="VARIANT",
-        help=f"a subset of the workload's variants ({', '.join(VARIANTS)}); 'eager' is always added, the "
-        "speedups are measured against it.",
+        help=f"a subset of the workload's variants ({', '.join(VARIANTS)}); 'eager' (the speedups are "
+        "measured against it) and 'eager_end' (eager again, last: the host's drift over the run) are always added.",
     )
     parser.add_argument(
         "--steps", type=int, default=None,
@@ -111,7 +111,7 @@ def select_variants(
     workload_variants: tuple[str, ...], requested: list[str] | None, workload: str,
     defaults: tuple[str, ...] | None = None,
 ) -> list[str]:
-    """The requested variants in the workload's order, with ``eager`` added; ``defaults`` (else all of
+    """The requested variants in the workload's order, with ``eager`` and ``eager_end`` added; ``defaults`` (else all of
     them) when none are requested.
 
     Raises:
@@ -125,7 +125,7 @@ def select_variants(
         raise ValueError(
             f"--variants: {', '.join(unknown)} not a variant of {workload}; choose from {', '.join(workload_variants)}."
         )
-    wanted = set(names) | {"eager"}
+    wanted = set(names) | {"eager", "eager_end"}
     return [name for name in workload_variants if name in wanted]
 
 

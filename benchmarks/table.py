@@ -17,9 +17,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.measure import speedup as ratio
+
 MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured", "n/a"
 SPEC_WALL_STEPS = 1000
 ANCHORS = ("eager", "whole", "whole_ro", "per_block")  # what "the best anchor" is chosen from
+DRIFT_WARNING = 0.05  # eager's speed changed more than this between the run's start and end
 
 
 # -- numbers ---------------------------------------------------------------------------------------
@@ -81,9 +84,32 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")[:300]
 
 
+def host_drift(records: dict[str, dict[str, Any]], *, by_throughput: bool) -> float | None:
+    """How much faster eager ran at the end of the run (``eager_end``) than at its start (``eager``):
+    1.0 is a steady host; 0.8 means the host ran eager 20% slower by the end. Host-bound comparisons
+    between variants that ran far apart are only as good as this."""
+    start, end = _ok(records, "eager"), _ok(records, "eager_end")
+    if start is None or end is None:
+        return None
+    if by_throughput:
+        return ratio(end.get("tokens_per_s"), start.get("tokens_per_s"))
+    return ratio(start.get("median_ms"), end.get("median_ms"))
+
+
+def render_drift(result: dict[str, Any]) -> str | None:
+    records = records_by_variant(result)
+    drift = host_drift(records, by_throughput=result["workload"].endswith("varlen"))
+    if drift is None:
+        return None
+    line = f"- host drift: eager's speed changed by {drift - 1:+.1%} from the run's start to its end (`eager_end`)"
+    if abs(drift - 1) > DRIFT_WARNING:
+        line += "; the host's speed changed during the run, so host-bound differences of that size between variants are noise"
+    return line
+
+
 def render_notes(result: dict[str, Any]) -> str:
     """What the callback decided, and the reasons dynamo gave for recompiles and graph breaks."""
-    notes = []
+    notes = [line for line in (render_drift(result),) if line]
     for record in result.get("records", []):
         callback = record.get("callback")
         if callback:
@@ -210,7 +236,10 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
                 None if value is None else value >= GPT_MFU)
         else:
             add(f"aim: ≥ {aim}×", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= aim)
-    add("callback never slower than eager", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= 1.0)
+    drift = host_drift(records, by_throughput=workload.endswith("varlen"))
+    drift_text = f" (eager drifted {drift - 1:+.1%} by the run's end)" if drift is not None else ""
+    add("callback never slower than eager", _number(speedup, ".3f", "×") + drift_text,
+        None if speedup is None else speedup >= 1.0)
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):

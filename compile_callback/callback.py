@@ -40,7 +40,7 @@ from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
-from compile_callback.timing import StepTimer, summarize
+from compile_callback.timing import StepTimer, paired_speedup, summarize
 from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
@@ -141,7 +141,7 @@ class CompileCallback(Callback):
         on_recompile: str = "warn",
         max_recompiles_per_epoch: int = 4,
         pad: str | list[int] | None = None,
-        pad_max_buckets: int = 4,
+        pad_max_buckets: int = 8,
         pad_multiple: int = 8,
         pad_short_batch: str = "keep",
         cache_dir: str | None = None,
@@ -452,6 +452,7 @@ class CompileCallback(Callback):
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
+        self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
         if self.regions == AUTO:
             self.watch = CompileWatch({}, names)
             self.planner = AutoPlanner(
@@ -568,8 +569,7 @@ class CompileCallback(Callback):
         sampled = self._anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
-        # Shapes matter only to the planner's trials: a frozen plan's steps skip walking the batch.
-        key = None if self.planner.frozen else batch_shapes(batch)
+        key = batch_shapes(batch) if self._keys_wanted() else None
         self.timer.stop(None if compiled_now or sampled else self._label, key=key)
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         self.watch.collect()
@@ -582,6 +582,28 @@ class CompileCallback(Callback):
         if self._batch_index % every == 0:
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
         self._anatomy_ops.start_probe_if_due(allowed=self._nothing_but_a_batch_follows(trainer, batch_idx))
+
+    def _keys_wanted(self) -> bool:
+        """Whether this step's time is kept with its batch's shapes: while the plan is decided (trials
+        compare like shapes), and after only where the eager baseline saw several shapes, so that the
+        steady speedup is priced shape by shape. Else a frozen plan's steps skip walking the batch."""
+        assert self.planner is not None and self.timer is not None
+        if not self.planner.frozen:
+            return True
+        if self._steady_keys is None:
+            self._steady_keys = len(self.timer.keys((EAGER,))) > 1
+        return self._steady_keys
+
+    def _steady_speedup(self, eager_ms: float | None, compiled_ms: float | None) -> tuple[float | None, str]:
+        """``compile/speedup`` and how it was priced. With variable shapes the eager baseline and the
+        latest steps saw different mixes; each of the latest 100 steps is then priced by the eager
+        median of its own shape (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
+        assert self.timer is not None
+        if self._steady_keys:
+            paired = paired_speedup(self.timer.samples_by_key(EAGER), self.timer.samples_by_key(COMPILED, last=100))
+            if paired is not None:
+                return paired[0], "shape by shape"
+        return ((eager_ms / compiled_ms) if eager_ms and compiled_ms else None), "medians"
 
     @staticmethod
     def _nothing_but_a_batch_follows(trainer: Trainer, batch_idx: int) -> bool:
@@ -789,7 +811,7 @@ class CompileCallback(Callback):
         values: dict[str, float | None] = {
             telemetry.STEP_TIME_MS: compiled_ms,
             telemetry.EAGER_STEP_TIME_MS: eager_ms,
-            telemetry.SPEEDUP: (eager_ms / compiled_ms) if eager_ms and compiled_ms else None,
+            telemetry.SPEEDUP: self._steady_speedup(eager_ms, compiled_ms)[0],
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
             telemetry.GRAPHS: totals["graphs"],
             telemetry.GRAPH_BREAKS: totals["graph_breaks"],
@@ -873,6 +895,7 @@ class CompileCallback(Callback):
         return {
             "summary": {
                 "speedup": metrics[telemetry.SPEEDUP],
+                "speedup_priced": self._steady_speedup(None, None)[1] if metrics[telemetry.SPEEDUP] is not None else None,
                 "step_time_ms": metrics[telemetry.STEP_TIME_MS],
                 "step_time_p90_ms": compiled.get("p90_ms"),
                 "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],

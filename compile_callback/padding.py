@@ -42,7 +42,7 @@ class PaddingPlan:
     """
 
     strategy: str | list[int]
-    max_buckets: int = 4
+    max_buckets: int = 8
     multiple: int = 8
     short_batch: str = "keep"
     edges: list[int] | None = None

@@ -49,7 +49,9 @@ def render_table(report: dict[str, Any]) -> str:
     summary = report["summary"]
     lines = [
         "compile report",
-        f"  speedup {_fmt(summary.get('speedup'), '.3f', 'x')}  step {_fmt(summary.get('step_time_ms'), '.2f', ' ms')}"
+        f"  speedup {_fmt(summary.get('speedup'), '.3f', 'x')}"
+        f"{' (shapes priced one by one)' if summary.get('speedup_priced') == 'shape by shape' else ''}"
+        f"  step {_fmt(summary.get('step_time_ms'), '.2f', ' ms')}"
         f"  eager {_fmt(summary.get('eager_step_time_ms'), '.2f', ' ms')}  compile time "
         f"{_fmt(summary.get('compile_time_s'), '.1f', ' s')}  graphs {summary.get('graphs', 0)}  "
         f"graph breaks {summary.get('graph_breaks', 0)}  recompiles {summary.get('recompiles', 0)}  "

@@ -80,11 +80,12 @@ class StepTimer:
         self._drain(wait=wait)
         return [ms for ms, _ in self._samples.get(label, ())]
 
-    def samples_by_key(self, label: str, *, wait: bool = False) -> dict[Hashable, list[float]]:
-        """Completed samples for ``label`` grouped by their key, in milliseconds."""
+    def samples_by_key(self, label: str, *, last: int | None = None, wait: bool = False) -> dict[Hashable, list[float]]:
+        """Completed samples for ``label`` (the ``last`` ones only, if given) grouped by their key, in ms."""
         self._drain(wait=wait)
         grouped: dict[Hashable, list[float]] = defaultdict(list)
-        for ms, key in self._samples.get(label, ()):
+        samples = list(self._samples.get(label, ()))
+        for ms, key in samples[-last:] if last is not None else samples:
             grouped[key].append(ms)
         return dict(grouped)
 

@@ -154,7 +154,7 @@ class CallbackConfig:
     on_recompile: str = "warn"  # "warn", "pad", "dynamic", "eager" or "raise"
     max_recompiles_per_epoch: int = 4
     pad: Any = None  # None (off), "auto", "max", or a list of sizes (bucket edges)
-    pad_max_buckets: int = 4
+    pad_max_buckets: int = 8
     pad_multiple: int = 8
     pad_short_batch: str = "keep"  # "keep" or "pad"
     cache_dir: Optional[str] = None  # warm restarts: plan (JSON) and Inductor caches kept here

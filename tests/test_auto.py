@@ -317,3 +317,26 @@ def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
     decision = callback.planner.decisions[0]
     assert decision.speedup is not None and decision.step_ms is not None  # every step timed, none skipped
     assert callback.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled
+
+
+def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
+    # Everything is reverted, so the steady steps run eager: the speedup must read about 1.0. The eager
+    # baseline saw mostly long batches and the steady window mostly short ones, so plain medians would
+    # call the unchanged model several times faster.
+    callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1, log_every_n_steps=100)
+    data = torch.utils.data.DataLoader(MixShiftingBatches(60), batch_size=None)
+    make_trainer(tmp_path, [callback], max_steps=60).fit(LengthCostModel(), data)
+    assert not any(d.kept for d in callback.planner.decisions)
+    metrics = callback.metrics()
+    naive = metrics["compile/eager_step_time_ms"] / metrics["compile/step_time_ms"]
+    assert naive > 3, naive  # what the two windows' mixes alone make of it
+    assert 0.8 < metrics["compile/speedup"] < 1.25, metrics["compile/speedup"]
+    summary = callback.last_report["summary"]
+    assert summary["speedup_priced"] == "shape by shape" and summary["speedup"] == pytest.approx(metrics["compile/speedup"], rel=0.2)
+
+
+def test_steady_steps_of_one_shape_skip_walking_the_batch(tmp_path):
+    callback = auto(backend="test_slower", max_trials=1)
+    fit(tmp_path, callback)
+    assert callback._keys_wanted() is False
+    assert callback.last_report["summary"]["speedup_priced"] in ("medians", None)

@@ -91,7 +91,7 @@ def test_records_are_complete_and_consistent(smoke_run, workload):
         assert record["compile_s"] >= 0 and record["recompiles"] >= 0 and record["graph_breaks"] >= 0
         if name in COMPILED:
             assert record["graphs"] >= 1 and record["compile_s"] > 0, name
-        if name in ("bare_eager", "eager"):
+        if name in ("bare_eager", "eager", "eager_end"):
             assert record["graphs"] == 0 and record["compile_s"] == 0, name
         assert record["mfu"] is None and record["peak_memory_gb"] is None  # CPU: no peak FLOP/s, no CUDA memory
         if workload.startswith("gpt"):
@@ -144,8 +144,8 @@ def test_unknown_variant_names_the_valid_ones():
         select_variants(VARIANTS["gpt2"], ["whole_ro"], "gpt2")
 
 
-def test_selected_variants_keep_the_workload_order_and_add_eager():
-    assert select_variants(VARIANTS["gpt2"], ["callback,whole"], "gpt2") == ["eager", "whole", "callback"]
+def test_selected_variants_keep_the_workload_order_and_add_eager_at_both_ends():
+    assert select_variants(VARIANTS["gpt2"], ["callback,whole"], "gpt2") == ["eager", "whole", "callback", "eager_end"]
 
 
 def test_steps_must_be_positive(capsys):
@@ -327,9 +327,9 @@ def test_varlen_runs_its_default_variants_unless_asked_for_others():
     from benchmarks.workloads import DEFAULT_VARIANTS
 
     assert select_variants(VARIANTS["gpt2_varlen"], None, "gpt2_varlen", DEFAULT_VARIANTS["gpt2_varlen"]) == [
-        "eager", "whole", "whole_padmax", "callback", "callback_pad"]
+        "eager", "whole", "whole_padmax", "callback", "callback_pad", "eager_end"]
     assert select_variants(VARIANTS["gpt2_varlen"], ["per_block"], "gpt2_varlen", DEFAULT_VARIANTS["gpt2_varlen"]) == [
-        "eager", "per_block"]
+        "eager", "per_block", "eager_end"]
 
 
 def test_trace_summary_from_a_real_profile():
@@ -354,7 +354,8 @@ def test_trace_steps_write_one_summary_per_lightning_variant(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     traces = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*-trace.md")))
-    assert traces == ["resnet18_cifar-callback-trace.md", "resnet18_cifar-eager-trace.md"]  # not the plain loop
+    assert traces == ["resnet18_cifar-callback-trace.md", "resnet18_cifar-eager-trace.md",
+                      "resnet18_cifar-eager_end-trace.md"]  # not the plain loop
     assert "2 step cycles" in (tmp_path / "resnet18_cifar-callback-trace.md").read_text()
 
 
@@ -377,3 +378,27 @@ def test_an_experiment_off_the_protocol_answers_no_target():
     chosen = {v.target: (v.measured, r["date"]) for v, r in table.best_verdicts([protocol, patched])}
     assert chosen["callback speedup ≥ 1.31× (best anchor)"] == ("1.257×", "2026-11-29T09:00")
     assert "(experiment: backward compiled lazily; answers no target)" in table.render_result(patched)
+
+
+def test_host_drift_is_reported_beside_the_never_slower_verdict():
+    records = [
+        {"variant": "eager", "status": "ok", "median_ms": 30.0},
+        {"variant": "callback", "status": "ok", "median_ms": 31.0},
+        {"variant": "eager_end", "status": "ok", "median_ms": 40.0},
+    ]
+    add_speedups(records, by_throughput=False)
+    result = _result("resnet50", records)
+    verdicts = {v.target: v for v in table.evaluate_targets(result)}
+    never_slower = verdicts["callback never slower than eager"]
+    assert never_slower.verdict == table.NOT_MET  # the verdict stays; the drift explains it
+    assert never_slower.measured == "0.968× (eager drifted -25.0% by the run's end)"
+    notes = table.render_notes(result)
+    assert "- host drift: eager's speed changed by -25.0% from the run's start to its end (`eager_end`)" in notes
+    assert "host-bound differences of that size between variants are noise" in notes
+    # Variable lengths compare real tokens/s; a steady host gets no warning.
+    steady = _result("gpt2_varlen", [{"variant": "eager", "status": "ok", "tokens_per_s": 100.0},
+                                     {"variant": "eager_end", "status": "ok", "tokens_per_s": 102.0}])
+    assert table.render_drift(steady) == (
+        "- host drift: eager's speed changed by +2.0% from the run's start to its end (`eager_end`)")
+    # Without eager_end (older results) nothing is said.
+    assert table.render_drift(_result("gpt2", records[:2])) is None
