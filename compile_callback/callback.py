@@ -45,6 +45,8 @@ from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
+# Per-rank counts (the watch's totals) gathered at the end of a multi-process fit.
+RANK_COUNTS = ("graphs", "recompiles", "graph_breaks", "eager_fallbacks", "ddp_pieces")
 PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
 
 
@@ -270,6 +272,7 @@ class CompileCallback(Callback):
         self._batch_index = 0
         self._label: str | None = None
         self._host_start = 0.0
+        self._ranks: list[dict[str, int]] | None = None
         self._loaded_state: dict[str, Any] | None = None
         self._last_report: dict[str, Any] | None = None
 
@@ -453,6 +456,7 @@ class CompileCallback(Callback):
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
+        self._ranks = None  # every rank's counts, gathered at the end of a multi-process fit
         if self.regions == AUTO:
             self.watch = CompileWatch({}, names)
             self.planner = AutoPlanner(
@@ -909,14 +913,18 @@ class CompileCallback(Callback):
                 "regions_reverted": int(metrics[telemetry.REGIONS_REVERTED] or 0),
                 "padding_waste": metrics.get(telemetry.PADDING_WASTE),
                 "batches": self._batch_index,
+                "ddp_pieces": int(self.watch.totals()["ddp_pieces"]),
             },
+            "ranks": self._ranks,
             "environment": {"torch": torch.__version__, "backend": self.backend},
             "plan": {
                 "regions": self.regions,
                 "frozen": bool(getattr(self.planner, "frozen", True)),
                 "launch_bound": getattr(self.planner, "launch_bound", None),
                 "coverage": getattr(self.planner, "coverage", None),
-                "notes": list(getattr(self.planner, "notes", [])) + self._notes,
+                "notes": list(getattr(self.planner, "notes", [])) + self._notes + [
+                    note for note in (self._ddp_note(int(metrics[telemetry.GRAPHS] or 0), int(self.watch.totals()["ddp_pieces"])),) if note
+                ],
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,
             "churn_actions": list(self._churn_actions),
@@ -960,6 +968,8 @@ class CompileCallback(Callback):
     def _finish(self, trainer: Trainer, *, final: bool) -> None:
         if self.watch is None or self.planner is None:
             return
+        if final and trainer.world_size > 1:  # every rank is here (not after an exception): a collective is safe
+            self._ranks = self._gather_rank_counts(trainer)
         self._save_cached_plan(trainer)
         report = self.build_report()
         self._last_report = report
@@ -972,6 +982,41 @@ class CompileCallback(Callback):
             path = write_json(report, directory)
             if final:
                 rank_zero_info(render_table(report) + f"\n  written to {path}")
+
+    def _gather_rank_counts(self, trainer: Trainer) -> list[dict[str, int]]:
+        """Each rank's graphs, recompiles, graph breaks, eager fallbacks and backend graphs, in rank order
+        (``strategy.all_gather``): decisions are agreed, but what dynamo does on each rank is its own."""
+        assert self.watch is not None
+        self.watch.collect()
+        totals = self.watch.totals()
+        mine = [totals[key] for key in RANK_COUNTS]
+        gathered = trainer.strategy.all_gather(torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device))
+        rows = gathered.reshape(-1, len(RANK_COUNTS)).tolist()
+        ranks = [{"rank": rank, **{key: int(value) for key, value in zip(RANK_COUNTS, row)}} for rank, row in enumerate(rows)]
+        differ = [key for key in RANK_COUNTS if len({r[key] for r in ranks}) > 1]
+        if differ:
+            note = (
+                "the ranks compiled differently (" + "; ".join(
+                    f"{key}: " + ", ".join(f"rank {r['rank']} {r[key]}" for r in ranks) for key in differ
+                ) + "). The plan is the same on every rank; a rank that recompiles more saw other shapes or "
+                "values (e.g. its own shard's lengths): the report's recompile causes are rank 0's"
+            )
+            self._notes.append(note)
+            rank_zero_warn(f"CompileCallback: {note}.")
+        return ranks
+
+    @staticmethod
+    def _ddp_note(graphs: int, pieces: int) -> str | None:
+        """What DDPOptimizer did to the graphs, when it split them: not graph breaks, and why."""
+        if not pieces:
+            return None
+        return (
+            f"DDP: dynamo's DDPOptimizer split the {graphs} captured graph(s) into {pieces} compiled "
+            f"pieces at DDP's gradient buckets, so that each bucket's all-reduce starts while the backward "
+            f"still runs. These splits are not graph breaks (no eager code runs between the pieces); larger "
+            f"buckets (DDPStrategy(bucket_cap_mb=...)) make fewer pieces, and "
+            f"torch._dynamo.config.optimize_ddp=False none, at the cost of that overlap."
+        )
 
     @staticmethod
     def _report_dir(trainer: Trainer) -> str:

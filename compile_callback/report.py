@@ -94,6 +94,11 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(f"  recompile x{cause['count']} in {cause['region']}: {cause['reason']}")
     for item in report.get("graph_break_reasons", [])[:10]:
         lines.append(f"  graph break x{item['count']} in {item['region']}: {item['reason']}")
+    for row in report.get("ranks") or []:
+        lines.append("  rank {rank}: graphs {graphs}  graph breaks {graph_breaks}  recompiles {recompiles}  "
+                     "eager fallbacks {eager_fallbacks}  DDP pieces {ddp_pieces}".format(**row))
+    for note in (report.get("plan") or {}).get("notes", []):
+        lines.append(f"  note: {note}")
     for suggestion in report.get("suggestions", []):
         lines.append(f"  suggestion: {suggestion}")
     return "\n".join(lines)
@@ -144,6 +149,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["### Graph breaks", "", "| region | count | reason (location) |", "|---|---|---|"]
         out += [f"| `{c['region']}` | {c['count']} | {c['reason']} |" for c in report["graph_break_reasons"]]
         out.append("")
+    if report.get("ranks"):
+        out += ["### Ranks", "", "| rank | graphs | graph breaks | recompiles | eager fallbacks | DDP pieces |",
+                "|---|---|---|---|---|---|"]
+        out += ["| {rank} | {graphs} | {graph_breaks} | {recompiles} | {eager_fallbacks} | {ddp_pieces} |".format(**row)
+                for row in report["ranks"]]
+        out.append("")
+    notes = (report.get("plan") or {}).get("notes", [])
+    if notes:
+        out += ["### Notes", ""] + [f"- {note}" for note in notes] + [""]
     if report.get("suggestions"):
         out += ["### Suggestions", ""] + [f"- {s}" for s in report["suggestions"]]
     return "\n".join(out)

@@ -13,6 +13,9 @@ What we read, and why it is the right source:
   hits). It is a bounded deque (64 by default), so we drain it after every step that compiled.
 - ``torch._dynamo.utils.graph_break_reasons``: dynamo's own list of graph breaks with the user stack;
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: dynamo's own graph count.
+- The reason text dynamo's DDPOptimizer gives the pieces it splits a graph into under DDP
+  ("DDPOptimizer intentional graph-break"): recorded among graph breaks, though no eager code runs
+  between the pieces.
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
@@ -110,10 +113,18 @@ def graph_break_count() -> int:
     return len(torch._dynamo.utils.graph_break_reasons)
 
 
+DDP_SPLIT_REASON = "DDPOptimizer intentional graph-break"
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphBreak:
     reason: str
     location: str  # "file:line in function", the user code where dynamo broke the graph
+
+    @property
+    def ddp_split(self) -> bool:
+        """A piece of a graph that DDPOptimizer split at DDP's gradient buckets, not a break in user code."""
+        return self.reason.startswith(DDP_SPLIT_REASON)
 
 
 def graph_breaks_since(index: int) -> list[GraphBreak]:

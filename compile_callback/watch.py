@@ -76,6 +76,7 @@ class RegionCompileStats:
     graphs: int = 0
     recompiles: int = 0
     graph_breaks: int = 0
+    ddp_pieces: int = 0  # pieces DDPOptimizer split graphs into at DDP's gradient buckets (not graph breaks)
     compile_seconds: float = 0.0
     dynamo_seconds: float = 0.0  # capture alone: dynamo's time less AOTAutograd's
     aot_autograd_seconds: float = 0.0  # AOTAutograd alone: its time less Inductor's
@@ -221,6 +222,9 @@ class CompileWatch:
         stats = self.stats[region]
         stats.graphs += torch_internals.unique_graphs() - graphs_before
         for graph_break in torch_internals.graph_breaks_since(breaks_before):
+            if graph_break.ddp_split:
+                stats.ddp_pieces += 1
+                continue
             stats.graph_breaks += 1
             stats.graph_break_reasons[f"{graph_break.reason} ({graph_break.location})"] += 1
             self.graph_breaks.append((region, graph_break))
@@ -287,6 +291,7 @@ class CompileWatch:
             "graphs": sum(s.graphs for s in stats),
             "recompiles": sum(s.recompiles for s in stats),
             "graph_breaks": sum(s.graph_breaks for s in stats),
+            "ddp_pieces": sum(s.ddp_pieces for s in stats),
             "compile_time_s": sum(s.compile_seconds for s in stats),
             "eager_fallbacks": sum(1 for s in stats if s.eager_fallback),
         }

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from torch._dynamo import register_backend  # the documented way to add a custom backend
 
 from compile_callback import CompileCallback, torch_internals
+from compile_callback.report import render_markdown
 from tests.conftest import TinyModel, loader, make_trainer
 
 
@@ -105,3 +106,79 @@ def test_whole_model_compiles_under_ddp_without_tracing_the_rerouted_step(tmp_pa
         assert counts["graphs"] == 1 and counts["graph_breaks"] == 0 and counts["recompiles"] == 0, counts
         assert counts["eager_fallbacks"] == 0, counts
         assert counts["batches_seen"] == 2 * 96 // 2 // 4, counts  # each rank: 2 epochs of its 48 samples
+
+
+class RecordReport(Callback):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_fit_end(self, trainer, pl_module):
+        compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
+        report = compile_callback.last_report
+        record = {"ranks": report["ranks"], "summary": report["summary"], "notes": report["plan"]["notes"],
+                  "graph_break_reasons": report["graph_break_reasons"]}
+        if trainer.global_rank == 0:
+            with open(f"{self.directory}/report.md", "w") as handle:
+                handle.write(render_markdown(report))
+        with open(f"{self.directory}/report{trainer.global_rank}.json", "w") as handle:
+            json.dump(record, handle)
+
+
+@pytest.mark.slow
+def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
+    """Every rank's counts are gathered into the report; DDPOptimizer's split of the graph at DDP's
+    gradient buckets (1 MiB buckets, the smallest it takes, and 1 MiB blocks: a bucket a block) is
+    told apart from graph breaks."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    callback = CompileCallback("model", backend="aot_eager", report=True)
+    strategy = DDPStrategy(start_method="spawn", bucket_cap_mb=1)
+    trainer = make_trainer(
+        tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2, strategy=strategy, max_epochs=2,
+    )
+    trainer.fit(TinyModel(width=512), loader(batch_size=4))
+    reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = reports[0]["ranks"]
+    assert reports[1]["ranks"] == ranks and [r["rank"] for r in ranks] == [0, 1]
+    for row in ranks:
+        # dynamo records each piece as a graph break; they are counted apart
+        assert row["graphs"] == 1 and row["graph_breaks"] == 0 and row["recompiles"] == 0, row
+        assert row["ddp_pieces"] >= 3, row  # the three 1 MiB blocks, each in a bucket of its own
+    assert reports[0]["graph_break_reasons"] == []
+    summary = reports[0]["summary"]
+    assert summary["graph_breaks"] == 0 and summary["ddp_pieces"] == ranks[0]["ddp_pieces"]
+    note = next(n for n in reports[0]["notes"] if n.startswith("DDP: dynamo's DDPOptimizer split"))
+    assert f"the 1 captured graph(s) into {summary['ddp_pieces']} compiled pieces" in note
+    assert "not graph breaks" in note
+    markdown = (tmp_path / "report.md").read_text()
+    assert "### Ranks" in markdown and f"| 1 | 1 | 0 | 0 | 0 | {summary['ddp_pieces']} |" in markdown
+    assert f"- {note}" in markdown
+
+
+def test_one_process_reports_no_ranks_and_no_ddp_note(tmp_path):
+    callback = CompileCallback("model", backend="aot_eager", report=False)
+    make_trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(), loader(batch_size=4))
+    report = callback.last_report
+    assert report["ranks"] is None
+    assert report["summary"]["ddp_pieces"] == 0 and report["summary"]["graphs"] == 1
+    assert not any(note.startswith("DDP:") for note in report["plan"]["notes"])
+
+
+@pytest.mark.slow
+def test_report_names_ranks_that_compiled_differently(tmp_path):
+    """One rank's shard holds batches of two sizes, the other's of one (which is which is the
+    sampler's business): one rank recompiles, the other does not. The gathered counts show it, and the
+    report says so."""
+    from tests.conftest import VariableBatchDataset
+
+    callback = CompileCallback("model", backend="eager", report=True, dynamic=False)
+    data = torch.utils.data.DataLoader(VariableBatchDataset([4, 4, 4, 6], repeats=8), batch_size=None)
+    trainer = make_trainer(
+        tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1,
+    )
+    trainer.fit(TinyModel(), data)
+    report = json.loads((tmp_path / "report0.json").read_text())
+    recompiles = [row["recompiles"] for row in report["ranks"]]
+    assert sorted(recompiles)[0] == 0 and sorted(recompiles)[1] >= 1, report["ranks"]
+    note = next(n for n in report["notes"] if n.startswith("the ranks compiled differently"))
+    assert f"recompiles: rank 0 {recompiles[0]}, rank 1 {recompiles[1]}" in note
