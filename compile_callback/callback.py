@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PyTorchProfiler
@@ -23,7 +24,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
 from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
-from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError
+from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
@@ -37,7 +38,7 @@ from compile_callback.padding import (
 )
 from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
-from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner
+from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, mark_not_kept
 from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, paired_speedup, summarize
@@ -254,6 +255,7 @@ class CompileCallback(Callback):
         self._plan_key: dict[str, Any] | None = None
         self.padding: PaddingPlan | None = None
         self.churn: ChurnPolicy | None = None
+        self._churn_pending: list[ChurnAction] = []
         self._recompiles_seen = 0
         self._fallbacks_seen = 0
         self._padding_seen = PaddingStats()
@@ -493,6 +495,7 @@ class CompileCallback(Callback):
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
         elif self.cache_dir is not None and self.regions == AUTO:
             self._load_cached_plan(trainer, pl_module)
+        self._churn_pending = []  # found on this rank, not yet agreed by every rank
         self.churn = ChurnPolicy(
             self.on_recompile,
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
@@ -660,7 +663,7 @@ class CompileCallback(Callback):
         if self.watch is not None:
             self.watch.collect()
             if not trainer.sanity_checking:
-                self._check_churn(trainer)
+                self._check_churn(trainer, every_rank_here=True)
             self.watch.set_phase(stage="train", epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -668,6 +671,7 @@ class CompileCallback(Callback):
         if self.watch is None:
             return
         self.watch.collect()
+        self._check_churn(trainer, every_rank_here=True)
         metrics = self.metrics()
         metrics[telemetry.RECOMPILES_EPOCH] = float(self.watch.recompiles_in("train", trainer.current_epoch))
         for name, stats in self.watch.stats.items():
@@ -740,24 +744,55 @@ class CompileCallback(Callback):
             return  # a batch the padding does not describe (e.g. a tuple without roles): not counted
         self._padding_seen = self._padding_seen + stats  # real elements stay a device tensor: no host sync
 
-    def _check_churn(self, trainer: Trainer) -> None:
+    def _check_churn(self, trainer: Trainer, *, every_rank_here: bool = False) -> None:
+        """Finds new churn and acts on it. With several processes each rank sees its own recompiles
+        (its own shard's shapes), so actions wait for a point every rank reaches (``every_rank_here``:
+        a training or validation epoch's end) and every rank then takes the same ones, in the same
+        order: one rank raising or reverting a region alone would leave the others waiting in DDP's
+        next all-reduce, or running another plan."""
+        assert self.churn is not None
+        self._churn_pending += self._new_churn(trainer)
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            if not every_rank_here:
+                return
+            actions = self._agree_on_churn(self._churn_pending)
+        else:
+            actions = self._churn_pending
+        self._churn_pending = []
+        for action in actions:
+            self._act(trainer, action)
+
+    def _new_churn(self, trainer: Trainer) -> list[ChurnAction]:
         assert self.watch is not None and self.churn is not None
         if isinstance(self.planner, AutoPlanner):
             # The planner's own trials recompile (a new mode is a new backend): the policy judges the
             # frozen plan's recompiles only, so it never acts in the middle of a trial.
             if not self.planner.frozen:
-                return
+                return []
             if self._frozen_at_step is None:
                 self._frozen_at_step = trainer.global_step
         fallbacks = [(name, s.fallback_reason or "") for name, s in self.watch.stats.items() if s.eager_fallback]
         if len(self.watch.recompiles) == self._recompiles_seen and len(fallbacks) == self._fallbacks_seen:
-            return
+            return []
         self._recompiles_seen, self._fallbacks_seen = len(self.watch.recompiles), len(fallbacks)
         recompiles = self.watch.recompiles
         if self._frozen_at_step is not None:
             recompiles = [r for r in recompiles if r.step >= self._frozen_at_step]
-        for action in self.churn.check(recompiles, fallbacks):
-            self._act(trainer, action)
+        return self.churn.check(recompiles, fallbacks)
+
+    def _agree_on_churn(self, mine: list[ChurnAction]) -> list[ChurnAction]:
+        """Every rank's new actions, the same list on every rank (rank order, one per cause)."""
+        assert self.churn is not None
+        gathered: list[list[ChurnAction] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        agreed: list[ChurnAction] = []
+        for actions in gathered:
+            for action in actions or []:
+                if any(same_cause(action, other) for other in agreed):
+                    continue
+                self.churn.adopt(action)  # another rank's cause: not acted on again here
+                agreed.append(action)
+        return agreed
 
     def _our_region(self, name: str) -> Any:
         assert self.planner is not None
@@ -786,6 +821,7 @@ class CompileCallback(Callback):
             return
         if policy == "eager":
             revert_region(region)
+            mark_not_kept(self.planner.decisions, region, f"reverted to eager by on_recompile='eager': {action.cause} ({action.why})")
             self._record(action, "reverted to eager: recompile churn")
         elif policy == "dynamic":
             options = region.compiled_with

@@ -106,12 +106,25 @@ class ChurnPolicy:
             left.append(recompile)
         return left
 
-    def _once(self, region: str, cause: str, kind: str, why: str) -> list[ChurnAction]:
-        # One action per changing thing: "`x.size(1)` changed 512 → 640" and "... 640 → 768" are one cause.
-        key = (region, cause.split(" changed")[0])
+    def adopt(self, action: ChurnAction) -> bool:
+        """Takes on an action decided elsewhere (another rank's), so its cause is not acted on again
+        here; False if this cause was handled already."""
+        key = _key(action.region, action.cause)
         if key in self.handled:
-            return []
+            return False
         self.handled.add(key)
-        action = ChurnAction(self.policy, region, cause, kind, why)
         self.actions.append(action)
-        return [action]
+        return True
+
+    def _once(self, region: str, cause: str, kind: str, why: str) -> list[ChurnAction]:
+        action = ChurnAction(self.policy, region, cause, kind, why)
+        return [action] if self.adopt(action) else []
+
+
+def _key(region: str, cause: str) -> tuple[str, str]:
+    """One action per changing thing: "`x.size(1)` changed 512 → 640" and "... 640 → 768" are one cause."""
+    return region, cause.split(" changed")[0]
+
+
+def same_cause(first: ChurnAction, second: ChurnAction) -> bool:
+    return _key(first.region, first.cause) == _key(second.region, second.cause)

@@ -182,3 +182,56 @@ def test_report_names_ranks_that_compiled_differently(tmp_path):
     assert sorted(recompiles)[0] == 0 and sorted(recompiles)[1] >= 1, report["ranks"]
     note = next(n for n in report["notes"] if n.startswith("the ranks compiled differently"))
     assert f"recompiles: rank 0 {recompiles[0]}, rank 1 {recompiles[1]}" in note
+
+
+class RankShapedBatches(torch.utils.data.Dataset):
+    """Whole batches whose size depends on the rank that loads them: rank 1's alternate 4 and 6
+    samples, rank 0's are always 4. Only rank 1 sees its shapes change."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int):
+        size = 6 if dist.get_rank() == 1 and index % 2 else 4
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(size, 8, generator=generator), torch.randint(0, 4, (size,), generator=generator)
+
+
+def _churning_fit(tmp_path, policy: str):
+    """Only rank 1 sees churn (its batch size changes every step)."""
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    callback = CompileCallback("model", backend="eager", dynamic=False, on_recompile=policy, max_recompiles_per_epoch=0,
+                               eager_baseline_steps=0, warmup_steps=0)
+    # A hang (one rank acting alone) fails in a minute instead of gloo's default half hour.
+    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=60))
+    data = torch.utils.data.DataLoader(RankShapedBatches(), batch_size=None)
+    trainer = make_trainer(
+        tmp_path, [callback, RecordPlan(str(tmp_path)), RecordReport(str(tmp_path))], accelerator="cpu", devices=2,
+        strategy=strategy, max_epochs=2,
+    )
+    trainer.fit(TinyModel(), data)
+
+
+@pytest.mark.slow
+def test_churn_on_one_rank_reverts_the_region_on_every_rank(tmp_path):
+    _churning_fit(tmp_path, "eager")
+    plans = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert plans[0]["compiled"] == plans[1]["compiled"] == [], plans  # both reverted, though one churned
+    for plan in plans:  # and the report says so
+        assert plan["decisions"] == [["model", False, "reverted to eager by on_recompile='eager'"]], plan
+    reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
+    recompiles = [row["recompiles"] for row in reports[0]["ranks"]]
+    assert recompiles[0] == 0 and recompiles[1] >= 1, reports[0]["ranks"]  # rank 1 churned, rank 0 did not
+    assert plans[0]["head_weight_sum"] == pytest.approx(plans[1]["head_weight_sum"])
+
+
+@pytest.mark.slow
+def test_churn_on_one_rank_raises_with_the_cause(tmp_path):
+    # That every rank takes the action is the test above (the same agreement); under ddp_spawn the
+    # first rank to raise ends the others, so a hang would not show here.
+    with pytest.raises(Exception, match="RecompileChurnError") as raised:
+        _churning_fit(tmp_path, "raise")
+    assert "recompiles" in str(raised.value) and "Fix:" in str(raised.value)
