@@ -18,11 +18,37 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from compile_callback import CompileCallback
+from compile_callback.timing import StepTimer, summarize
 from recipes.config import ConfigError, CVRecipeConfig, GPTRecipeConfig, RecipeConfig, load_config, to_dict
 from recipes.cv import CVDataModule, CVModule
 from recipes.gpt import GPTDataModule, GPTModule
 
 REPORT_FILE = "compile_report.json"
+STEADY_STEPS = 100  # the run's last steps, whose median step time the summary prints
+
+
+class StepTimes(L.Callback):
+    """Times every training batch (CUDA events, no host sync per step) so that any run, with the
+    CompileCallback or without it (``callback_enabled=false``), ends with the median time of its last
+    :data:`STEADY_STEPS` steps: eager and compiled runs of a recipe compare directly."""
+
+    def __init__(self) -> None:
+        self.timer: StepTimer | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.timer = StepTimer(pl_module.device, keep=STEADY_STEPS)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.timer is not None:
+            self.timer.start()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.timer is not None:
+            self.timer.stop("step")
+
+    def steady(self) -> dict[str, float]:
+        """``median_ms``, ``p90_ms`` and ``n`` of the last steps (empty before any step)."""
+        return summarize(self.timer.samples_ms("step", wait=True)) if self.timer is not None else {}
 
 
 def run(config_path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -68,7 +94,7 @@ def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.T
     return L.Trainer(
         default_root_dir=config.run_dir,
         logger=logger,
-        callbacks=[callback] if callback is not None else [],
+        callbacks=([callback] if callback is not None else []) + [StepTimes()],
         max_steps=settings.max_steps,
         max_epochs=settings.max_epochs,
         precision=settings.precision,
@@ -91,7 +117,8 @@ def train(config: RecipeConfig) -> dict[str, Any]:
     Returns:
         ``run_dir``, ``log_dir`` (TensorBoard event files), ``report_path`` (``compile_report.json``, or
         None without the callback), ``report`` (the callback's report dict), ``metrics`` (the last
-        logged values, e.g. ``train/loss``, ``val/loss``), ``global_step`` and ``seconds``.
+        logged values, e.g. ``train/loss``, ``val/loss``), ``global_step``, ``seconds``, and
+        ``steady_step_ms`` (the median of the last ``steady_steps`` steps' times, at most 100).
 
     Raises:
         ConfigError: a value that only shows as wrong once things are built (e.g. a callback option).
@@ -111,7 +138,10 @@ def train(config: RecipeConfig) -> dict[str, Any]:
 
     log_dir = trainer.logger.log_dir if trainer.logger is not None else config.run_dir
     report_path = os.path.join(log_dir, REPORT_FILE)
+    times = next(c for c in trainer.callbacks if isinstance(c, StepTimes)).steady()
     result = {
+        "steady_step_ms": times.get("median_ms"),
+        "steady_steps": int(times.get("n", 0)),
         "run_dir": config.run_dir,
         "log_dir": log_dir,
         "report_path": report_path if os.path.isfile(report_path) else None,
@@ -135,6 +165,8 @@ def summary(config: RecipeConfig, result: dict[str, Any]) -> str:
         relative = os.path.relpath(tensorboard)
         command = tensorboard if relative.startswith("..") else relative
     headline = f"run {config.name!r}: {result['global_step']} steps in {result['seconds']:.1f} s"
+    if result.get("steady_step_ms") is not None:
+        headline += f" (median step of the last {result['steady_steps']}: {result['steady_step_ms']:.2f} ms)"
     lines = [
         "\n" + headline + (f"; {losses}" if losses else ""),
         f"  TensorBoard logs: {result['log_dir']}",

@@ -45,6 +45,7 @@ def test_tiny_config_trains_and_leaves_logs_and_report(name, tmp_path, capsys):
     result = run(config_path(name), [f"run_dir={tmp_path}", *QUICK, *RECIPES[name]])
 
     assert result["global_step"] == 6
+    assert result["steady_steps"] == 6 and result["steady_step_ms"] > 0
     assert result["log_dir"] == os.path.join(str(tmp_path), "version_0")
     scalars = read_scalars(result["log_dir"])
     missing = [tag for tag in COMPILE_TAGS + ["train/loss", "val/loss"] if tag not in scalars]
@@ -79,6 +80,8 @@ def test_command_line_runs_without_the_callback_as_plain_eager(tmp_path, capsys)
     assert main([config_path("gpt_tiny"), *overrides]) == 0
     printed = capsys.readouterr().out
     assert "compile report:   (none: callback disabled" in printed
+    # Every run ends with its steady step time, so eager and compiled runs of a recipe compare directly.
+    assert "6 steps in" in printed and "(median step of the last 6: " in printed
     scalars = read_scalars(os.path.join(tmp_path, "version_0"))
     assert "train/loss" in scalars
     assert not [tag for tag in scalars if tag.startswith("compile/")]
