@@ -66,6 +66,12 @@ def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(leaf.shape) for leaf in torch_internals.tree_leaves(batch) if isinstance(leaf, torch.Tensor))
 
 
+def _from_every_rank(trainer: Trainer, value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order, on every rank: one ``strategy.broadcast`` from
+    each rank, the collective the planner's agreements already use."""
+    return [trainer.strategy.broadcast(value, src=rank) for rank in range(trainer.world_size)]
+
+
 class CompileCallback(Callback):
     """Compiles the hot parts of a LightningModule in place, measures and watches them, and reports.
 
@@ -755,7 +761,7 @@ class CompileCallback(Callback):
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             if not every_rank_here:
                 return
-            actions = self._agree_on_churn(self._churn_pending)
+            actions = self._agree_on_churn(trainer, self._churn_pending)
         else:
             actions = self._churn_pending
         self._churn_pending = []
@@ -780,11 +786,10 @@ class CompileCallback(Callback):
             recompiles = [r for r in recompiles if r.step >= self._frozen_at_step]
         return self.churn.check(recompiles, fallbacks)
 
-    def _agree_on_churn(self, mine: list[ChurnAction]) -> list[ChurnAction]:
+    def _agree_on_churn(self, trainer: Trainer, mine: list[ChurnAction]) -> list[ChurnAction]:
         """Every rank's new actions, the same list on every rank (rank order, one per cause)."""
         assert self.churn is not None
-        gathered: list[list[ChurnAction] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
+        gathered = _from_every_rank(trainer, mine)
         agreed: list[ChurnAction] = []
         for actions in gathered:
             for action in actions or []:
@@ -1025,10 +1030,8 @@ class CompileCallback(Callback):
         assert self.watch is not None
         self.watch.collect()
         totals = self.watch.totals()
-        mine = [totals[key] for key in RANK_COUNTS]
-        gathered = trainer.strategy.all_gather(torch.tensor(mine, dtype=torch.float64, device=trainer.strategy.root_device))
-        rows = gathered.reshape(-1, len(RANK_COUNTS)).tolist()
-        ranks = [{"rank": rank, **{key: int(value) for key, value in zip(RANK_COUNTS, row)}} for rank, row in enumerate(rows)]
+        mine = {key: int(totals[key]) for key in RANK_COUNTS}
+        ranks = [{"rank": rank, **counts} for rank, counts in enumerate(_from_every_rank(trainer, mine))]
         differ = [key for key in RANK_COUNTS if len({r[key] for r in ranks}) > 1]
         if differ:
             note = (
