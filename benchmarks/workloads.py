@@ -54,7 +54,7 @@ WORKLOADS = tuple(VARIANTS)
 # per-block compile are measured on the fixed-shape workloads.
 DEFAULT_VARIANTS = {
     **VARIANTS,
-    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback"),
+    "resnet18_cifar": ("bare_eager", "eager", "whole", "whole_ro", "per_block", "callback", "eager_end"),
     "gpt2_varlen": ("eager", "whole", "whole_padmax", "callback", "callback_pad", "eager_end"),
 }
 

@@ -46,7 +46,10 @@ from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
-# Per-rank counts (the watch's totals) gathered at the end of a multi-process fit.
+# compile/speedup is priced shape by shape when at least this share of the latest steps have a shape
+# the eager baseline saw; else it compares medians.
+STEADY_PRICED_SHARE = 0.5
+# Per-rank counts (the watch's totals, this fit's) gathered at the end of a multi-process fit.
 RANK_COUNTS = ("graphs", "recompiles", "graph_breaks", "eager_fallbacks", "ddp_pieces")
 PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
 
@@ -281,6 +284,8 @@ class CompileCallback(Callback):
         self._label: str | None = None
         self._host_start = 0.0
         self._ranks: list[dict[str, int]] | None = None
+        self._rank_note: str | None = None
+        self._totals_at_start: dict[str, float] = {}
         self._loaded_state: dict[str, Any] | None = None
         self._last_report: dict[str, Any] | None = None
 
@@ -502,6 +507,8 @@ class CompileCallback(Callback):
         elif self.cache_dir is not None and self.regions == AUTO:
             self._load_cached_plan(trainer, pl_module)
         self._churn_pending = []  # found on this rank, not yet agreed by every rank
+        self._totals_at_start = dict(self.watch.totals())  # after a resume: the checkpoint's (rank 0's)
+        self._rank_note: str | None = None
         self.churn = ChurnPolicy(
             self.on_recompile,
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
@@ -613,9 +620,13 @@ class CompileCallback(Callback):
         median of its own shape (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
         assert self.timer is not None
         if self._steady_keys:
-            paired = paired_speedup(self.timer.samples_by_key(EAGER), self.timer.samples_by_key(COMPILED, last=100))
-            if paired is not None:
-                return paired[0], "shape by shape"
+            eager, latest = self.timer.samples_by_key(EAGER), self.timer.samples_by_key(COMPILED, last=100)
+            priced = sum(len(steps) for key, steps in latest.items() if key in eager)
+            # Only if most of the latest steps have a shape the baseline saw (raw lengths rarely recur).
+            if priced and priced >= STEADY_PRICED_SHARE * sum(len(steps) for steps in latest.values()):
+                paired = paired_speedup(eager, latest)
+                if paired is not None:
+                    return paired[0], "shape by shape"
         return ((eager_ms / compiled_ms) if eager_ms and compiled_ms else None), "medians"
 
     @staticmethod
@@ -964,7 +975,10 @@ class CompileCallback(Callback):
                 "launch_bound": getattr(self.planner, "launch_bound", None),
                 "coverage": getattr(self.planner, "coverage", None),
                 "notes": list(getattr(self.planner, "notes", [])) + self._notes + [
-                    note for note in (self._ddp_note(int(metrics[telemetry.GRAPHS] or 0), int(self.watch.totals()["ddp_pieces"])),) if note
+                    note for note in (
+                        self._ddp_note(int(metrics[telemetry.GRAPHS] or 0), int(self.watch.totals()["ddp_pieces"])),
+                        self._rank_note,
+                    ) if note
                 ],
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,
@@ -1030,7 +1044,8 @@ class CompileCallback(Callback):
         assert self.watch is not None
         self.watch.collect()
         totals = self.watch.totals()
-        mine = {key: int(totals[key]) for key in RANK_COUNTS}
+        # This fit's own: a resumed run's loaded counts are rank 0's (every rank loads its checkpoint).
+        mine = {key: int(totals[key] - self._totals_at_start.get(key, 0)) for key in RANK_COUNTS}
         ranks = [{"rank": rank, **counts} for rank, counts in enumerate(_from_every_rank(trainer, mine))]
         differ = [key for key in RANK_COUNTS if len({r[key] for r in ranks}) > 1]
         if differ:
@@ -1040,7 +1055,7 @@ class CompileCallback(Callback):
                 ) + "). The plan is the same on every rank; a rank that recompiles more saw other shapes or "
                 "values (e.g. its own shard's lengths): the report's recompile causes are rank 0's"
             )
-            self._notes.append(note)
+            self._rank_note = note
             rank_zero_warn(f"CompileCallback: {note}.")
         return ranks
 

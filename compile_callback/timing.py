@@ -85,14 +85,14 @@ class StepTimer:
         self._drain(wait=wait)
         grouped: dict[Hashable, list[float]] = defaultdict(list)
         samples = list(self._samples.get(label, ()))
-        for ms, key in samples[-last:] if last is not None else samples:
+        for ms, key in (samples[max(0, len(samples) - last):] if last is not None else samples):
             grouped[key].append(ms)
         return dict(grouped)
 
     def median_ms(self, label: str, *, last: int | None = None, wait: bool = False) -> float | None:
         samples = self.samples_ms(label, wait=wait)
         if last is not None:
-            samples = samples[-last:]
+            samples = samples[max(0, len(samples) - last):]
         return statistics.median(samples) if samples else None
 
     def keys(self, labels: tuple[str, ...]) -> Counter[Hashable]:

@@ -317,6 +317,8 @@ def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
     decision = callback.planner.decisions[0]
     assert decision.speedup is not None and decision.step_ms is not None  # every step timed, none skipped
     assert callback.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled
+    # Nor can the steady speedup pair steps with the baseline: it compares medians and says so.
+    assert callback.last_report["summary"]["speedup_priced"] == "medians"
 
 
 def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
@@ -340,3 +342,21 @@ def test_steady_steps_of_one_shape_skip_walking_the_batch(tmp_path):
     fit(tmp_path, callback)
     assert callback._keys_wanted() is False
     assert callback.last_report["summary"]["speedup_priced"] in ("medians", None)
+
+
+def test_steady_speedup_is_priced_by_shape_only_where_most_steps_have_a_baseline_shape():
+    from compile_callback.planner import COMPILED, EAGER
+    from compile_callback.timing import StepTimer
+
+    def speedup(latest):
+        callback = CompileCallback()
+        callback.timer = StepTimer(torch.device("cpu"))
+        callback._steady_keys = True
+        callback.timer._samples[EAGER].extend([(10.0, "a"), (10.0, "a"), (20.0, "b"), (20.0, "b")])
+        callback.timer._samples[COMPILED].extend(latest)
+        return callback._steady_speedup(15.0, 5.0)
+
+    # One step of 100 has a shape the baseline saw: pricing would rest on it alone.
+    assert speedup([(5.0, "a")] + [(1.0, f"new{i}") for i in range(99)]) == (3.0, "medians")
+    # Most do: each is priced by its own shape's eager median (a: 10 ms, now 5 ms).
+    assert speedup([(5.0, "a")] * 60 + [(1.0, f"new{i}") for i in range(40)]) == (pytest.approx(2.0), "shape by shape")

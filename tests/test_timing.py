@@ -54,3 +54,13 @@ def test_shapes_with_one_or_two_steps_do_not_hide_the_spread():
     _, noise = paired_speedup(before, after)
     # "b" sits on its own median: counted, it would make the steps look steadier than they are.
     assert noise == pytest.approx(math.hypot(median_noise(before["a"]), median_noise(after["a"])))
+
+
+def test_last_takes_the_newest_samples_and_zero_takes_none():
+    timer = StepTimer(torch.device("cpu"))
+    for ms, key in ((1.0, "a"), (2.0, "b"), (3.0, "c")):
+        timer._samples["x"].append((ms, key))
+    assert timer.samples_by_key("x", last=2) == {"b": [2.0], "c": [3.0]}
+    assert timer.samples_by_key("x", last=0) == {}
+    assert timer.samples_by_key("x", last=10) == {"a": [1.0], "b": [2.0], "c": [3.0]}
+    assert timer.median_ms("x", last=0) is None and timer.median_ms("x", last=2) == 2.5

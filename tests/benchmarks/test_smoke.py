@@ -402,3 +402,10 @@ def test_host_drift_is_reported_beside_the_never_slower_verdict():
         "- host drift: eager's speed changed by +2.0% from the run's start to its end (`eager_end`)")
     # Without eager_end (older results) nothing is said.
     assert table.render_drift(_result("gpt2", records[:2])) is None
+
+
+def test_every_default_run_ends_with_eager_again():
+    from benchmarks.workloads import DEFAULT_VARIANTS
+
+    for workload, names in DEFAULT_VARIANTS.items():
+        assert names[0] in ("bare_eager", "eager") and names[-1] == "eager_end", workload
