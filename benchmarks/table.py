@@ -217,9 +217,14 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     callback = _ok(records, "callback")
     invalid = _is_measurement(result)
     verdicts: list[Verdict] = []
+    drift = host_drift(records, by_throughput=workload.endswith("varlen"))
+    unsteady = drift_verdict(drift)
 
-    def add(target: str, measured: str, passed: bool | None) -> None:
-        verdicts.append(Verdict(workload, target, measured, invalid or _verdict(passed)))
+    def add(target: str, measured: str, passed: bool | None, *, between_variants: bool = True) -> None:
+        # A comparison between variants that ran at different times is only as good as the host's steadiness.
+        measured_here = passed is not None
+        verdict = (unsteady if between_variants and measured_here else None) or _verdict(passed)
+        verdicts.append(Verdict(workload, target, measured, invalid or verdict))
 
     speedup = callback.get("speedup_vs_eager") if callback else None
     if workload in SPEEDUP_TARGETS:
@@ -233,18 +238,25 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
                 None if speedup is None or compile_s is None else speedup >= aim and compile_s <= GPT_AIM_COMPILE_S)
             value = callback.get("mfu") if callback else None
             add(f"MFU ≥ {GPT_MFU:.0%} (6N + attention, 989 TFLOP/s)", _percent(value),
-                None if value is None else value >= GPT_MFU)
+                None if value is None else value >= GPT_MFU, between_variants=False)
         else:
             add(f"aim: ≥ {aim}×", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= aim)
-    drift = host_drift(records, by_throughput=workload.endswith("varlen"))
     drift_text = f" (eager drifted {drift - 1:+.1%} by the run's end)" if drift is not None else ""
     add("callback never slower than eager", _number(speedup, ".3f", "×") + drift_text,
         None if speedup is None else speedup >= 1.0)
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
-        verdicts.extend(_varlen_verdicts(workload, records, invalid, peers))
+        verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, unsteady))
     return verdicts
+
+
+def drift_verdict(drift: float | None) -> str | None:
+    """The verdict of a comparison between variants when the host's speed drifted beyond
+    :data:`DRIFT_WARNING` during the run (``eager`` against ``eager_end``), else None."""
+    if drift is None or abs(drift - 1) <= DRIFT_WARNING:
+        return None
+    return f"inconclusive (host drift {drift - 1:+.1%})"
 
 
 def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invalid: str | None) -> Verdict:
@@ -271,7 +283,8 @@ def _eager_rate(records: dict[str, dict[str, Any]]) -> float | None:
 
 
 def _varlen_verdicts(
-    workload: str, records: dict[str, dict[str, Any]], invalid: str | None, peers: Sequence[dict[str, Any]] = ()
+    workload: str, records: dict[str, dict[str, Any]], invalid: str | None, peers: Sequence[dict[str, Any]] = (),
+    unsteady: str | None = None,
 ) -> list[Verdict]:
     """Recompiles after the first epoch, padding waste and real tokens/s of the callback variants.
 
@@ -324,6 +337,7 @@ def _varlen_verdicts(
             measured += f"; vs own run's eager {_number(own_ratio, '.3f', '×')} against {_number(ratio, '.3f', '×')}"
             if own_ratio is None or ratio is None or (own_ratio >= ratio) != passed:
                 verdict = INCONCLUSIVE
+        verdict = unsteady or verdict
         verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or verdict))
     return verdicts
 
