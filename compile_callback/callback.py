@@ -597,8 +597,10 @@ class CompileCallback(Callback):
         self._batch_index += 1
         if self.padding is not None and self.padding.edges is not None:
             self._count_padding(batch)
-        self._check_churn(trainer)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 50
+        # Every rank runs the same batches: a policy that acts is agreed on every `every` batches too,
+        # not only at an epoch's end (one long epoch, or an iterable dataset with max_steps).
+        self._check_churn(trainer, every_rank_here=self.on_recompile != "warn" and self._batch_index % every == 0)
         if self._batch_index % every == 0:
             telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
         self._anatomy_ops.start_probe_if_due(allowed=self._nothing_but_a_batch_follows(trainer, batch_idx))

@@ -116,7 +116,7 @@ class RecordReport(Callback):
         compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
         report = compile_callback.last_report
         record = {"ranks": report["ranks"], "summary": report["summary"], "notes": report["plan"]["notes"],
-                  "graph_break_reasons": report["graph_break_reasons"]}
+                  "graph_break_reasons": report["graph_break_reasons"], "churn_actions": report["churn_actions"]}
         if trainer.global_rank == 0:
             with open(f"{self.directory}/report.md", "w") as handle:
                 handle.write(render_markdown(report))
@@ -235,3 +235,22 @@ def test_churn_on_one_rank_raises_with_the_cause(tmp_path):
     with pytest.raises(Exception, match="RecompileChurnError") as raised:
         _churning_fit(tmp_path, "raise")
     assert "recompiles" in str(raised.value) and "Fix:" in str(raised.value)
+
+
+@pytest.mark.slow
+def test_churn_is_agreed_within_an_epoch_too(tmp_path):
+    """One epoch of 16 batches a rank, agreed every 4: rank 1's churn reverts the region on both ranks
+    before the epoch ends."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    callback = CompileCallback("model", backend="eager", dynamic=False, on_recompile="eager", max_recompiles_per_epoch=0,
+                               eager_baseline_steps=0, warmup_steps=0, log_every_n_steps=4)
+    data = torch.utils.data.DataLoader(RankShapedBatches(), batch_size=None)
+    trainer = make_trainer(
+        tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2,
+        strategy=DDPStrategy(start_method="spawn"), max_epochs=1,
+    )
+    trainer.fit(TinyModel(), data)
+    report = json.loads((tmp_path / "report0.json").read_text())
+    batches = [action["batch"] for action in report["churn_actions"]] if "churn_actions" in report else None
+    assert batches and all(batch < 16 for batch in batches), report
