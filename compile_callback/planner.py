@@ -632,8 +632,11 @@ class AutoPlanner:
         return {
             "frozen": self.frozen,
             "decisions": [d.as_dict() for d in self.decisions],
-            "plan": [{"name": r.name, "modules": r.module_names, "mode": (r.compiled_with.mode if r.compiled_with else None)}
-                     for r in self.regions],
+            # What runs compiled now: a region the churn policy reverted stays eager after a resume,
+            # and one it recompiled dynamic stays dynamic.
+            "plan": [{"name": r.name, "modules": r.module_names, "mode": r.compiled_with.mode,
+                      "dynamic": r.compiled_with.dynamic}
+                     for r in self.regions if r.is_compiled and r.compiled_with is not None],
             "eager_ms": self.eager_ms,
             "coverage": self.coverage,
             "notes": list(self.notes),
@@ -658,7 +661,10 @@ class AutoPlanner:
             modules = [self.root if n in ("", MODEL) else named[n] for n in item["modules"]]
             region = Region(item["name"], list(item["modules"]), modules)
             self.watch.add_region(region)
-            compile_region(region, dataclasses.replace(self.options, mode=item.get("mode")), on_error=self._failed)
+            options = dataclasses.replace(self.options, mode=item.get("mode"))
+            if "dynamic" in item:  # plans saved before it was kept compile with the options of this run
+                options = dataclasses.replace(options, dynamic=item["dynamic"])
+            compile_region(region, options, on_error=self._failed)
             self.regions.append(region)
         self.frozen = True
         self._script = self._frozen()

@@ -360,3 +360,24 @@ def test_steady_speedup_is_priced_by_shape_only_where_most_steps_have_a_baseline
     assert speedup([(5.0, "a")] + [(1.0, f"new{i}") for i in range(99)]) == (3.0, "medians")
     # Most do: each is priced by its own shape's eager median (a: 10 ms, now 5 ms).
     assert speedup([(5.0, "a")] * 60 + [(1.0, f"new{i}") for i in range(40)]) == (pytest.approx(2.0), "shape by shape")
+
+
+def test_saved_plan_holds_what_runs_compiled_after_the_churn_policy_acted(tmp_path):
+    import dataclasses
+
+    from compile_callback import CompileOptions, compile_region, resolve_regions, revert_region
+
+    callback = auto(backend="test_sleepy", min_speedup=1.0, max_trials=2)
+    make_trainer(tmp_path, [callback], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
+    callback.planner.regions.clear()  # the trials reverted everything (slower): apply a plan by hand
+    model_regions = resolve_regions(callback.planner.root, ["blocks.*", "head"])
+    for item in model_regions:
+        compile_region(item, CompileOptions(backend="eager"))
+        callback.planner.regions.append(item)
+    regions = [r for r in callback.planner.regions if r.is_compiled]
+    assert regions, callback.last_report["decisions"]
+    region = regions[0]
+    callback.planner.recompile(region, dataclasses.replace(region.compiled_with, dynamic=True))  # on_recompile="dynamic"
+    assert [(item["name"], item["dynamic"]) for item in callback.planner.state_dict()["plan"]][0] == (region.name, True)
+    revert_region(region)  # on_recompile="eager": a resumed run must not compile it again
+    assert region.name not in [item["name"] for item in callback.planner.state_dict()["plan"]]
