@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
+SAVED_EAGER = "eager (checkpoint)"  # timer label: a resumed run's eager medians by shape, from the checkpoint
 # compile/speedup is priced shape by shape when at least this share of the latest steps have a shape
 # the eager baseline saw; else it compares medians.
 STEADY_PRICED_SHARE = 0.5
@@ -504,6 +506,8 @@ class CompileCallback(Callback):
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
+            for shapes, ms in self._loaded_state.get("eager_by_shape", []):
+                self.timer.add(SAVED_EAGER, float(ms), tuple(tuple(shape) for shape in shapes))
         elif self.cache_dir is not None and self.regions == AUTO:
             self._load_cached_plan(trainer, pl_module)
         self._churn_pending = []  # found on this rank, not yet agreed by every rank
@@ -613,8 +617,13 @@ class CompileCallback(Callback):
         if not self.planner.frozen:
             return True
         if self._steady_keys is None:
-            self._steady_keys = len(self.timer.keys((EAGER,))) > 1
+            self._steady_keys = len(self.timer.keys((EAGER, SAVED_EAGER))) > 1
         return self._steady_keys
+
+    def _eager_by_shape(self) -> dict[Any, list[float]]:
+        """The eager baseline's step times by batch shape: this run's, else the resumed checkpoint's medians."""
+        assert self.timer is not None
+        return self.timer.samples_by_key(EAGER) or self.timer.samples_by_key(SAVED_EAGER)
 
     def _steady_speedup(self, eager_ms: float | None, compiled_ms: float | None) -> tuple[float | None, str]:
         """``compile/speedup`` and how it was priced. With variable shapes the eager baseline and the
@@ -622,7 +631,7 @@ class CompileCallback(Callback):
         median of its own shape (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
         assert self.timer is not None
         if self._steady_keys:
-            eager, latest = self.timer.samples_by_key(EAGER), self.timer.samples_by_key(COMPILED, last=100)
+            eager, latest = self._eager_by_shape(), self.timer.samples_by_key(COMPILED, last=100)
             priced = sum(len(steps) for key, steps in latest.items() if key in eager)
             # Only if most of the latest steps have a shape the baseline saw (raw lengths rarely recur).
             if priced and priced >= STEADY_PRICED_SHARE * sum(len(steps) for steps in latest.values()):
@@ -749,6 +758,12 @@ class CompileCallback(Callback):
             "planner": self.planner.state_dict(),
             "watch": self.watch.state_dict(),
             "anatomy_reference": self._anatomy_ops.eager.as_dict() if self._anatomy_ops.eager else None,
+            # The eager median of each batch shape, so that a resumed run prices its steps shape by shape
+            # too (lists, not tuples: plain containers load under weights_only).
+            "eager_by_shape": [
+                [[list(shape) for shape in key], statistics.median(steps)]
+                for key, steps in self._eager_by_shape().items() if key is not None
+            ],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -65,6 +65,10 @@ class StepTimer:
         else:
             self._samples[label].append((elapsed_ms(started, end), key))
 
+    def add(self, label: str, ms: float, key: Hashable = None) -> None:
+        """Records a time measured elsewhere (e.g. a checkpoint's eager median for one shape)."""
+        self._samples[label].append((ms, key))
+
     def _drain(self, *, wait: bool = False) -> None:
         while self._pending:
             label, key, start, end = self._pending[0]

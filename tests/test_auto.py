@@ -381,3 +381,25 @@ def test_saved_plan_holds_what_runs_compiled_after_the_churn_policy_acted(tmp_pa
     assert [(item["name"], item["dynamic"]) for item in callback.planner.state_dict()["plan"]][0] == (region.name, True)
     revert_region(region)  # on_recompile="eager": a resumed run must not compile it again
     assert region.name not in [item["name"] for item in callback.planner.state_dict()["plan"]]
+
+
+def test_resumed_run_prices_its_steps_by_the_checkpoints_eager_medians(tmp_path):
+    first = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1, log_every_n_steps=100)
+    data = torch.utils.data.DataLoader(MixShiftingBatches(40), batch_size=None)
+    trainer = make_trainer(tmp_path, [first], max_epochs=1, enable_checkpointing=True)
+    trainer.fit(LengthCostModel(), data)
+    saved = first.state_dict()["eager_by_shape"]
+    assert sorted(shapes[0][1] for shapes, _ in saved) == [8, 128]  # one median per batch shape
+    second = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1, log_every_n_steps=100)
+    trainer = make_trainer(tmp_path, [second], max_epochs=2)
+    trainer.fit(LengthCostModel(), data, ckpt_path=trainer_checkpoint(tmp_path))
+    assert second.timer.count("eager") == 0  # no new baseline: the plan came from the checkpoint
+    metrics = second.metrics()
+    assert second.last_report["summary"]["speedup_priced"] == "shape by shape"
+    assert 0.8 < metrics["compile/speedup"] < 1.25, metrics  # nothing compiled: about 1.0
+
+
+def trainer_checkpoint(root) -> str:
+    import glob
+
+    return sorted(glob.glob(str(root / "**" / "*.ckpt"), recursive=True))[-1]
