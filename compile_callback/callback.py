@@ -71,6 +71,11 @@ def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(leaf.shape) for leaf in torch_internals.tree_leaves(batch) if isinstance(leaf, torch.Tensor))
 
 
+def _multi_process(trainer: Trainer) -> bool:
+    """Whether the ranks are separate processes, which must meet in a collective to agree."""
+    return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
 def _from_every_rank(trainer: Trainer, value: Any) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order, on every rank: one ``strategy.broadcast`` from
     each rank, the collective the planner's agreements already use."""
@@ -631,13 +636,11 @@ class CompileCallback(Callback):
         median of its own shape (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
         assert self.timer is not None
         if self._steady_keys:
-            eager, latest = self._eager_by_shape(), self.timer.samples_by_key(COMPILED, last=100)
-            priced = sum(len(steps) for key, steps in latest.items() if key in eager)
+            latest = self.timer.samples_by_key(COMPILED, last=100)
             # Only if most of the latest steps have a shape the baseline saw (raw lengths rarely recur).
-            if priced and priced >= STEADY_PRICED_SHARE * sum(len(steps) for steps in latest.values()):
-                paired = paired_speedup(eager, latest)
-                if paired is not None:
-                    return paired[0], "shape by shape"
+            paired = paired_speedup(self._eager_by_shape(), latest, min_share=STEADY_PRICED_SHARE)
+            if paired is not None:
+                return paired[0], "shape by shape"
         return ((eager_ms / compiled_ms) if eager_ms and compiled_ms else None), "medians"
 
     @staticmethod
@@ -781,12 +784,13 @@ class CompileCallback(Callback):
     def _check_churn(self, trainer: Trainer, *, every_rank_here: bool = False) -> None:
         """Finds new churn and acts on it. With several processes each rank sees its own recompiles
         (its own shard's shapes), so actions wait for a point every rank reaches (``every_rank_here``:
-        a training or validation epoch's end) and every rank then takes the same ones, in the same
+        a training or validation epoch's end, or every ``log_every_n_steps`` batches for a policy that
+        acts) and every rank then takes the same ones, in the same
         order: one rank raising or reverting a region alone would leave the others waiting in DDP's
         next all-reduce, or running another plan."""
         assert self.churn is not None
         self._churn_pending += self._new_churn(trainer)
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+        if _multi_process(trainer):
             if not every_rank_here:
                 return
             actions = self._agree_on_churn(trainer, self._churn_pending)
@@ -952,6 +956,8 @@ class CompileCallback(Callback):
         assert self.watch is not None and self.timer is not None and self.planner is not None
         self.watch.collect()
         metrics = self.metrics()
+        priced = self._steady_speedup(metrics[telemetry.EAGER_STEP_TIME_MS], metrics[telemetry.STEP_TIME_MS])[1]
+        totals = self.watch.totals()
         eager = summarize(self.timer.samples_ms(EAGER, wait=True))
         compiled = summarize(self.timer.samples_ms(COMPILED, wait=True)[-100:])
         regions = {name: stats.as_dict() for name, stats in self.watch.stats.items()}
@@ -968,7 +974,7 @@ class CompileCallback(Callback):
         return {
             "summary": {
                 "speedup": metrics[telemetry.SPEEDUP],
-                "speedup_priced": self._steady_speedup(None, None)[1] if metrics[telemetry.SPEEDUP] is not None else None,
+                "speedup_priced": priced if metrics[telemetry.SPEEDUP] is not None else None,
                 "step_time_ms": metrics[telemetry.STEP_TIME_MS],
                 "step_time_p90_ms": compiled.get("p90_ms"),
                 "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],
@@ -982,7 +988,7 @@ class CompileCallback(Callback):
                 "regions_reverted": int(metrics[telemetry.REGIONS_REVERTED] or 0),
                 "padding_waste": metrics.get(telemetry.PADDING_WASTE),
                 "batches": self._batch_index,
-                "ddp_pieces": int(self.watch.totals()["ddp_pieces"]),
+                "ddp_pieces": int(totals["ddp_pieces"]),
             },
             "ranks": self._ranks,
             "environment": {"torch": torch.__version__, "backend": self.backend},
@@ -993,7 +999,7 @@ class CompileCallback(Callback):
                 "coverage": getattr(self.planner, "coverage", None),
                 "notes": list(getattr(self.planner, "notes", [])) + self._notes + [
                     note for note in (
-                        self._ddp_note(int(metrics[telemetry.GRAPHS] or 0), int(self.watch.totals()["ddp_pieces"])),
+                        self._ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])),
                         self._rank_note,
                     ) if note
                 ],
@@ -1040,7 +1046,7 @@ class CompileCallback(Callback):
     def _finish(self, trainer: Trainer, *, final: bool) -> None:
         if self.watch is None or self.planner is None:
             return
-        if final and trainer.world_size > 1:  # every rank is here (not after an exception): a collective is safe
+        if final and _multi_process(trainer):  # every rank is here (not after an exception): a collective is safe
             self._ranks = self._gather_rank_counts(trainer)
         self._save_cached_plan(trainer)
         report = self.build_report()
@@ -1056,8 +1062,8 @@ class CompileCallback(Callback):
                 rank_zero_info(render_table(report) + f"\n  written to {path}")
 
     def _gather_rank_counts(self, trainer: Trainer) -> list[dict[str, int]]:
-        """Each rank's graphs, recompiles, graph breaks, eager fallbacks and backend graphs, in rank order
-        (``strategy.all_gather``): decisions are agreed, but what dynamo does on each rank is its own."""
+        """Each rank's :data:`RANK_COUNTS` for this fit, in rank order (:func:`_from_every_rank`): decisions
+        are agreed, but what dynamo does on each rank is its own."""
         assert self.watch is not None
         self.watch.collect()
         totals = self.watch.totals()

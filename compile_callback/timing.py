@@ -88,15 +88,12 @@ class StepTimer:
         """Completed samples for ``label`` (the ``last`` ones only, if given) grouped by their key, in ms."""
         self._drain(wait=wait)
         grouped: dict[Hashable, list[float]] = defaultdict(list)
-        samples = list(self._samples.get(label, ()))
-        for ms, key in (samples[max(0, len(samples) - last):] if last is not None else samples):
+        for ms, key in _newest(list(self._samples.get(label, ())), last):
             grouped[key].append(ms)
         return dict(grouped)
 
     def median_ms(self, label: str, *, last: int | None = None, wait: bool = False) -> float | None:
-        samples = self.samples_ms(label, wait=wait)
-        if last is not None:
-            samples = samples[max(0, len(samples) - last):]
+        samples = _newest(self.samples_ms(label, wait=wait), last)
         return statistics.median(samples) if samples else None
 
     def keys(self, labels: tuple[str, ...]) -> Counter[Hashable]:
@@ -109,7 +106,14 @@ class StepTimer:
         return len(self._samples.get(label, ())) + sum(1 for item in self._pending if item[0] == label)
 
 
-def paired_speedup(before: dict[Hashable, list[float]], after: dict[Hashable, list[float]]) -> tuple[float, float] | None:
+def _newest(samples: list[Any], last: int | None) -> list[Any]:
+    """The ``last`` newest samples (all of them for None, none for 0)."""
+    return samples if last is None else samples[max(0, len(samples) - last):]
+
+
+def paired_speedup(
+    before: dict[Hashable, list[float]], after: dict[Hashable, list[float]], *, min_share: float = 0.0
+) -> tuple[float, float] | None:
     """How much faster ``after``'s steps ran than ``before``'s, shape by shape, and the relative noise.
 
     Each key's median in ``before`` prices the same key's steps in ``after``: the speedup is what
@@ -118,10 +122,11 @@ def paired_speedup(before: dict[Hashable, list[float]], after: dict[Hashable, li
     like with like; with one shape it is the ratio of the two medians. The noise is the relative
     standard error of that ratio: each window's steps around their own key's median, combined, from
     the keys with three steps or more (one or two steps sit on their median and would hide the
-    spread). None when no key was timed in both.
+    spread). None when no key was timed in both, or when the steps of shared keys are fewer than
+    ``min_share`` of ``after``'s (the pricing would rest on a few steps).
     """
     shared = [key for key in after if key in before and after[key] and before[key]]
-    if not shared:
+    if not shared or sum(len(after[key]) for key in shared) < min_share * sum(map(len, after.values())):
         return None
     priced = sum(len(after[key]) * statistics.median(before[key]) for key in shared)
     took = sum(len(after[key]) * statistics.median(after[key]) for key in shared)
