@@ -218,13 +218,12 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     invalid = _is_measurement(result)
     verdicts: list[Verdict] = []
     drift = host_drift(records, by_throughput=workload.endswith("varlen"))
-    unsteady = drift_verdict(drift)
 
     def add(target: str, measured: str, passed: bool | None, *, between_variants: bool = True) -> None:
-        # A comparison between variants that ran at different times is only as good as the host's steadiness.
-        measured_here = passed is not None
-        verdict = (unsteady if between_variants and measured_here else None) or _verdict(passed)
-        verdicts.append(Verdict(workload, target, measured, invalid or verdict))
+        # A comparison between variants that ran at different times is only as good as the host's
+        # steadiness. These compare the callback with eager, which always runs first.
+        unsteady = drift_verdict(drift, passed=passed, ran_later=True) if between_variants and passed is not None else None
+        verdicts.append(Verdict(workload, target, measured, invalid or unsteady or _verdict(passed)))
 
     speedup = callback.get("speedup_vs_eager") if callback else None
     if workload in SPEEDUP_TARGETS:
@@ -247,15 +246,23 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
-        verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, unsteady))
+        order = [record.get("variant") for record in result.get("records", [])]
+        verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, drift, order))
     return verdicts
 
 
-def drift_verdict(drift: float | None) -> str | None:
-    """The verdict of a comparison between variants when the host's speed drifted beyond
-    :data:`DRIFT_WARNING` during the run (``eager`` against ``eager_end``), else None."""
+def drift_verdict(drift: float | None, *, passed: bool | None = None, ran_later: bool = False) -> str | None:
+    """The verdict of a comparison between variants when eager's speed drifted beyond
+    :data:`DRIFT_WARNING` during the run (``eager`` against ``eager_end``), else None.
+
+    Inconclusive, except where the drift can only have worked against the winner: the variant that
+    passed ran after the one it beat (``ran_later``) and eager ran slower at the run's end than at its
+    start. A slowing host, or an earlier variant's after-effect on the ones that follow it, then only
+    handicapped the winner, so its win stands."""
     if drift is None or abs(drift - 1) <= DRIFT_WARNING:
         return None
+    if passed and ran_later and drift < 1:
+        return f"{MET} (it ran later, and eager was {1 - drift:.1%} slower by the run's end: the drift was against it)"
     return f"inconclusive (host drift {drift - 1:+.1%})"
 
 
@@ -284,13 +291,14 @@ def _eager_rate(records: dict[str, dict[str, Any]]) -> float | None:
 
 def _varlen_verdicts(
     workload: str, records: dict[str, dict[str, Any]], invalid: str | None, peers: Sequence[dict[str, Any]] = (),
-    unsteady: str | None = None,
+    drift: float | None = None, order: Sequence[str] = (),
 ) -> list[Verdict]:
     """Recompiles after the first epoch, padding waste and real tokens/s of the callback variants.
 
     A baseline missing from this run may come from a peer run; eager's throughput drifts between runs,
     so such a comparison must hold both in tokens/s and as each variant's ratio to its own run's eager,
-    else it is inconclusive.
+    else it is inconclusive. Within a run whose eager drifted, see :func:`drift_verdict` (``order``:
+    the variants in the order they ran).
     """
     verdicts = []
     # name -> (tokens/s, ratio to that run's eager, from another run)
@@ -337,7 +345,11 @@ def _varlen_verdicts(
             measured += f"; vs own run's eager {_number(own_ratio, '.3f', '×')} against {_number(ratio, '.3f', '×')}"
             if own_ratio is None or ratio is None or (own_ratio >= ratio) != passed:
                 verdict = INCONCLUSIVE
-        verdict = unsteady or verdict
+        if not other_run:
+            ran_later = best in order and order.index(best) < order.index(name)
+            verdict = drift_verdict(drift, passed=passed, ran_later=ran_later) or verdict
+        elif drift_verdict(drift):
+            verdict = drift_verdict(drift)
         verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or verdict))
     return verdicts
 

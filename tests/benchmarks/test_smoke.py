@@ -428,3 +428,29 @@ def test_comparisons_in_a_run_whose_host_drifted_are_inconclusive():
     steady = [*records[:3], {"variant": "eager_end", "status": "ok", "tokens_per_s": 98.0}]
     verdicts = {v.target: v.verdict for v in table.evaluate_targets(_result("gpt2_varlen", steady))}
     assert verdicts[rate] == table.MET
+
+
+def test_a_win_the_drift_worked_against_stands():
+    """Eager slower by the run's end, and the winner ran after the variant it beat: the drift (a slowing
+    host, or an earlier variant's after-effect) only handicapped the winner."""
+    eager, whole = {"variant": "eager", "status": "ok", "tokens_per_s": 100.0}, {"variant": "whole", "status": "ok", "tokens_per_s": 110.0}
+    pad = {"variant": "callback_pad", "status": "ok", "tokens_per_s": 115.0, "recompiles_after_first_epoch": 0,
+           "recompiles_per_epoch": [3, 0], "padding_waste": 0.05}
+    rate = "`callback_pad`: real tokens/s ≥ best of eager / no-padding / pad-to-max compile"
+
+    def verdict(*records):
+        return {v.target: v.verdict for v in table.evaluate_targets(_result("gpt2_varlen", list(records)))}[rate]
+
+    slowed, sped_up = {"variant": "eager_end", "status": "ok", "tokens_per_s": 76.0}, {"variant": "eager_end", "status": "ok", "tokens_per_s": 124.0}
+    assert verdict(eager, whole, pad, slowed) == (
+        "met (it ran later, and eager was 24.0% slower by the run's end: the drift was against it)")
+    assert verdict(eager, pad, whole, slowed) == "inconclusive (host drift -24.0%)"  # it had the faster host
+    assert verdict(eager, whole, pad, sped_up) == "inconclusive (host drift +24.0%)"  # the drift was for it
+    losing = {**pad, "tokens_per_s": 105.0}
+    assert verdict(eager, whole, losing, slowed) == "inconclusive (host drift -24.0%)"  # the drift may explain the loss
+    # Against eager (always first), the same holds for the speedup rows.
+    records = [{"variant": "eager", "status": "ok", "median_ms": 30.0}, {"variant": "callback", "status": "ok", "median_ms": 25.0},
+               {"variant": "eager_end", "status": "ok", "median_ms": 40.0}]
+    add_speedups(records, by_throughput=False)
+    never_slower = {v.target: v for v in table.evaluate_targets(_result("resnet50", records))}["callback never slower than eager"]
+    assert never_slower.verdict.startswith("met (it ran later")
