@@ -104,6 +104,7 @@ class OptimConfig:
     weight_decay: float = 0.1
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     fused: Optional[bool] = None  # None: fused AdamW when the parameters are on CUDA
+    warmup_steps: int = 0  # the learning rate rises linearly to `lr` over this many steps (0: from the start)
 
 
 @dataclass
@@ -293,6 +294,7 @@ def check_values(config: RecipeConfig) -> None:
             f"precision. Set trainer.gradient_clip_val=null, or optim.fused=false (or null: fused unless clipping)."
         )
     _at_least(config, "optim.lr", minimum=0.0)
+    _at_least(config, "optim.warmup_steps", minimum=0)
     if len(config.optim.betas) != 2:
         raise ConfigError(
             f"config key 'optim.betas' must be two numbers, e.g. [0.9, 0.95]; got {config.optim.betas!r}."

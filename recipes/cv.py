@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -27,7 +28,7 @@ from recipes.data import SplitDataModule
 from torchvision.transforms.v2 import functional as TF
 
 from recipes.config import CVDataConfig, CVModelConfig, OptimConfig
-from recipes.optim import build_adamw, clips_gradients_under_mixed_precision
+from recipes.optim import build_adamw, clips_gradients_under_mixed_precision, with_warmup
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -112,9 +113,10 @@ class CVModule(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, batch_size=batch_size, sync_dist=True)
         self.log("val/accuracy", accuracy, batch_size=batch_size, sync_dist=True)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         clipping = clips_gradients_under_mixed_precision(self.trainer)
-        return build_adamw(self, self.optim_config, clips_under_mixed_precision=clipping)
+        optimizer = build_adamw(self, self.optim_config, clips_under_mixed_precision=clipping)
+        return with_warmup(optimizer, self.optim_config.warmup_steps)
 
 
 # -- data --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import math
 import os
 import sysconfig
 from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -28,7 +29,7 @@ from torch.utils.data import Dataset
 from recipes.data import SplitDataModule
 
 from recipes.config import IGNORE_INDEX, GPTDataConfig, GPTModelConfig, OptimConfig
-from recipes.optim import build_adamw, clips_gradients_under_mixed_precision
+from recipes.optim import build_adamw, clips_gradients_under_mixed_precision, with_warmup
 
 PAD_ID = 0  # the NUL byte; padded positions are masked out of the loss by IGNORE_INDEX labels
 VOCAB_MULTIPLE = 64  # embedding and head sizes padded to a multiple of 64: faster matmuls on GPUs
@@ -188,9 +189,10 @@ class GPTModule(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/perplexity", loss.exp(), sync_dist=True)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         clipping = clips_gradients_under_mixed_precision(self.trainer)
-        return build_adamw(self, self.optim_config, clips_under_mixed_precision=clipping)
+        optimizer = build_adamw(self, self.optim_config, clips_under_mixed_precision=clipping)
+        return with_warmup(optimizer, self.optim_config.warmup_steps)
 
 
 # -- data --------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-"""The optimizer both recipes use: AdamW with nanoGPT's weight-decay grouping."""
+"""The optimizer both recipes use: AdamW with nanoGPT's weight-decay grouping, and an optional linear
+learning-rate warm-up."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,3 +43,20 @@ def clips_gradients_under_mixed_precision(trainer: object) -> bool:
     """Whether a Lightning ``trainer`` clips gradients under mixed precision (see :func:`build_adamw`)."""
     clips = bool(getattr(trainer, "gradient_clip_val", None))
     return clips and getattr(trainer, "precision", None) in MIXED_PRECISIONS
+
+
+def with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> Any:
+    """What ``configure_optimizers`` returns: ``optimizer`` alone, or with a scheduler that raises every
+    group's learning rate linearly over the first ``warmup_steps`` optimizer steps (step ``i`` trains at
+    ``(i + 1) / warmup_steps`` of it) and then holds it. Lightning steps it after every optimizer step and
+    keeps its state in checkpoints, so a resumed run goes on where it stopped.
+
+    Example:
+        >>> configured = with_warmup(build_adamw(model, OptimConfig(lr=6e-4)), warmup_steps=100)
+        >>> configured["lr_scheduler"]["interval"]
+        'step'
+    """
+    if warmup_steps <= 0:
+        return optimizer
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -87,6 +87,7 @@ def test_overrides_replace_values_and_parse_lists():
         (["trainer.val_check_interval=often"], r"config key 'trainer.val_check_interval' must be a number of batches"),
         (["trainer.max_steps=-1"], r"config needs 'trainer.max_steps' or 'trainer.max_epochs'"),
         (["trainer.max_steps"], r"override 'trainer.max_steps' must be key=value"),
+        (["optim.warmup_steps=-5"], r"config key 'optim.warmup_steps' must be at least 0; got -5"),
         (
             ["optim.fused=true", "trainer.precision=bf16-mixed"],
             r"config key 'trainer.gradient_clip_val' cannot be set with optim.fused=true under precision 'bf16-mixed'",
