@@ -47,7 +47,7 @@ from compile_callback.watch import CompileWatch
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
-SAVED_EAGER = "eager (checkpoint)"  # timer label: a resumed run's eager medians by shape, from the checkpoint
+SAVED_EAGER = "eager (checkpoint)"  # timer label: eager medians by shape from a checkpoint or a cached plan
 # compile/speedup is priced shape by shape when at least this share of the latest steps have a shape
 # the eager baseline saw; else it compares medians.
 STEADY_PRICED_SHARE = 0.5
@@ -511,8 +511,7 @@ class CompileCallback(Callback):
             self.watch.load_state_dict(self._loaded_state.get("watch", {}))
             self.planner.load_state_dict(self._loaded_state.get("planner", {}))
             self._batch_index = int(self._loaded_state.get("batch_index", 0))
-            for shapes, ms in self._loaded_state.get("eager_by_shape", []):
-                self.timer.add(SAVED_EAGER, float(ms), tuple(tuple(shape) for shape in shapes))
+            self._add_saved_eager(self._loaded_state.get("eager_by_shape", []))
         elif self.cache_dir is not None and self.regions == AUTO:
             self._load_cached_plan(trainer, pl_module)
         self._churn_pending = []  # found on this rank, not yet agreed by every rank
@@ -551,14 +550,29 @@ class CompileCallback(Callback):
             self._notes.append(f"cached plan ignored: {problem}")
             return
         if state is not None:
-            self.planner.load_state_dict(state)
+            self.planner.load_state_dict(state["planner"])
+            self._add_saved_eager(state["eager_by_shape"])
             self._notes.append(f"plan loaded from {self._plan_file}: no profiling, no trials")
 
     def _save_cached_plan(self, trainer: Trainer) -> None:
         if self.cache_dir is None or self._plan_file is None or self._plan_key is None or not trainer.is_global_zero:
             return
         if isinstance(self.planner, AutoPlanner) and self.planner.frozen:
-            save_plan(self._plan_file, self._plan_key, self.planner.state_dict())
+            save_plan(self._plan_file, self._plan_key, self.planner.state_dict(), self._eager_medians_by_shape())
+
+    def _eager_medians_by_shape(self) -> list[list[Any]]:
+        """``[[shapes, median ms], ...]``: the eager baseline's median per batch shape, as plain lists (they
+        load under ``weights_only`` and as JSON), for a resumed run or a warm restart to price by."""
+        return [
+            [[list(shape) for shape in key], statistics.median(steps)]
+            for key, steps in self._eager_by_shape().items() if key is not None
+        ]
+
+    def _add_saved_eager(self, rows: list[Any]) -> None:
+        """Seeds the timer with saved eager medians by shape (:meth:`_eager_medians_by_shape`)."""
+        assert self.timer is not None
+        for shapes, ms in rows:
+            self.timer.add(SAVED_EAGER, float(ms), tuple(tuple(shape) for shape in shapes))
 
     def _remaining_batches(self, trainer: Trainer) -> int:
         total = trainer.estimated_stepping_batches
@@ -626,7 +640,7 @@ class CompileCallback(Callback):
         return self._steady_keys
 
     def _eager_by_shape(self) -> dict[Any, list[float]]:
-        """The eager baseline's step times by batch shape: this run's, else the resumed checkpoint's medians."""
+        """The eager baseline's step times by batch shape: this run's, else the medians saved in the checkpoint or the cached plan."""
         assert self.timer is not None
         return self.timer.samples_by_key(EAGER) or self.timer.samples_by_key(SAVED_EAGER)
 
@@ -761,12 +775,8 @@ class CompileCallback(Callback):
             "planner": self.planner.state_dict(),
             "watch": self.watch.state_dict(),
             "anatomy_reference": self._anatomy_ops.eager.as_dict() if self._anatomy_ops.eager else None,
-            # The eager median of each batch shape, so that a resumed run prices its steps shape by shape
-            # too (lists, not tuples: plain containers load under weights_only).
-            "eager_by_shape": [
-                [[list(shape) for shape in key], statistics.median(steps)]
-                for key, steps in self._eager_by_shape().items() if key is not None
-            ],
+            # The eager median of each batch shape, so that a resumed run prices its steps shape by shape too.
+            "eager_by_shape": self._eager_medians_by_shape(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

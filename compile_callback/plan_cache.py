@@ -37,7 +37,9 @@ class PlanCacheError(Exception):
 
 
 def load_plan(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved planner state for ``key``; None if there is none.
+    """The saved entry for ``key``: ``planner`` (the planner's state) and ``eager_by_shape`` (the eager
+    median of each batch shape, ``[[shapes, ms], ...]``, empty in files written before it was kept);
+    None if there is none.
 
     Raises:
         PlanCacheError: the file is not valid JSON, not a plan, or made for another key.
@@ -53,12 +55,18 @@ def load_plan(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
         raise PlanCacheError(f"{path} is not a compile plan")
     if json.loads(json.dumps(data["key"], default=str)) != json.loads(json.dumps(key, default=str)):
         raise PlanCacheError(f"{path} was made for another model, torch version or options")
-    return data["planner"]
+    rows = data.get("eager_by_shape", [])
+    return {"planner": data["planner"], "eager_by_shape": rows if isinstance(rows, list) else []}
 
 
-def save_plan(path: str, key: dict[str, Any], planner_state: dict[str, Any]) -> None:
+def save_plan(
+    path: str, key: dict[str, Any], planner_state: dict[str, Any], eager_by_shape: list[Any] | None = None
+) -> None:
+    """Writes the plan for ``key``; ``eager_by_shape``: the eager median of each batch shape, so that a
+    warm restart, which measures no eager baseline of its own, still prices its steps shape by shape."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = path + ".tmp"
+    entry = {"key": key, "planner": planner_state, "eager_by_shape": eager_by_shape or []}
     with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump({"key": key, "planner": planner_state}, handle, indent=2, default=str)
+        json.dump(entry, handle, indent=2, default=str)
     os.replace(temporary, path)

@@ -1,5 +1,6 @@
 """regions="auto": profile, trial, verify, keep or revert — with real Trainers and real compiles."""
 
+import json
 import statistics
 import time
 
@@ -403,3 +404,23 @@ def trainer_checkpoint(root) -> str:
     import glob
 
     return sorted(glob.glob(str(root / "**" / "*.ckpt"), recursive=True))[-1]
+
+
+def test_warm_restart_prices_its_steps_by_the_cached_eager_medians(tmp_path):
+    data = torch.utils.data.DataLoader(MixShiftingBatches(40), batch_size=None)
+
+    def run(path):
+        callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1,
+                        log_every_n_steps=100, cache_dir=str(tmp_path / "cache"))
+        make_trainer(path, [callback], max_epochs=1).fit(LengthCostModel(), data)
+        return callback
+
+    run(tmp_path / "cold")
+    (plan_file,) = (tmp_path / "cache").glob("compile_plan-*.json")
+    saved = json.loads(plan_file.read_text())["eager_by_shape"]
+    assert sorted(shapes[0][1] for shapes, _ in saved) == [8, 128]  # one median per batch shape
+    warm = run(tmp_path / "warm")
+    assert any(note.startswith("plan loaded from") for note in warm.last_report["plan"]["notes"])
+    assert warm.timer.count("eager") == 0  # no baseline of its own
+    assert warm.last_report["summary"]["speedup_priced"] == "shape by shape"
+    assert 0.8 < warm.metrics()["compile/speedup"] < 1.25, warm.metrics()  # nothing compiled: about 1.0
