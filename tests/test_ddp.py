@@ -108,6 +108,22 @@ def test_whole_model_compiles_under_ddp_without_tracing_the_rerouted_step(tmp_pa
         assert counts["batches_seen"] == 2 * 96 // 2 // 4, counts  # each rank: 2 epochs of its 48 samples
 
 
+def parameter_checksum(module) -> list[float]:
+    """The float64 sum and sum of squares of every parameter: equal on every rank of a DDP run."""
+    with torch.no_grad():
+        values = [p.detach().double() for p in module.parameters()]
+        return [float(sum(v.sum() for v in values)), float(sum((v * v).sum() for v in values))]
+
+
+class RecordParameters(Callback):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_fit_end(self, trainer, pl_module):
+        with open(f"{self.directory}/parameters{trainer.global_rank}.json", "w") as handle:
+            json.dump(parameter_checksum(pl_module), handle)
+
+
 class RecordReport(Callback):
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -116,7 +132,8 @@ class RecordReport(Callback):
         compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
         report = compile_callback.last_report
         record = {"ranks": report["ranks"], "summary": report["summary"], "notes": report["plan"]["notes"],
-                  "graph_break_reasons": report["graph_break_reasons"], "churn_actions": report["churn_actions"]}
+                  "graph_break_reasons": report["graph_break_reasons"], "churn_actions": report["churn_actions"],
+                  "parameters": parameter_checksum(pl_module)}
         if trainer.global_rank == 0:
             with open(f"{self.directory}/report.md", "w") as handle:
                 handle.write(render_markdown(report))
@@ -136,8 +153,17 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     trainer = make_trainer(
         tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2, strategy=strategy, max_epochs=2,
     )
+    torch.manual_seed(0)
     trainer.fit(TinyModel(width=512), loader(batch_size=4))
     reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
+    # The compiled pieces' gradients are all-reduced like eager ones: the ranks hold the same weights,
+    # and the same as an eager DDP run's.
+    assert reports[0]["parameters"] == reports[1]["parameters"]
+    torch.manual_seed(0)
+    eager = make_trainer(tmp_path / "eager", [RecordParameters(str(tmp_path / "eager"))], accelerator="cpu", devices=2,
+                         strategy=DDPStrategy(start_method="spawn", bucket_cap_mb=1), max_epochs=2)
+    eager.fit(TinyModel(width=512), loader(batch_size=4))
+    assert reports[0]["parameters"] == pytest.approx(json.loads((tmp_path / "eager" / "parameters0.json").read_text()), rel=1e-6)
     ranks = reports[0]["ranks"]
     assert reports[1]["ranks"] == ranks and [r["rank"] for r in ranks] == [0, 1]
     for row in ranks:
