@@ -218,11 +218,14 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     invalid = _is_measurement(result)
     verdicts: list[Verdict] = []
     drift = host_drift(records, by_throughput=workload.endswith("varlen"))
+    order = [record.get("variant") for record in result.get("records", [])]
 
     def add(target: str, measured: str, passed: bool | None, *, between_variants: bool = True) -> None:
         # A comparison between variants that ran at different times is only as good as the host's
-        # steadiness. These compare the callback with eager, which always runs first.
-        unsteady = drift_verdict(drift, passed=passed, ran_later=True) if between_variants and passed is not None else None
+        # steadiness. These compare the callback with eager.
+        unsteady = None
+        if between_variants and passed is not None:
+            unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]))
         verdicts.append(Verdict(workload, target, measured, invalid or unsteady or _verdict(passed)))
 
     speedup = callback.get("speedup_vs_eager") if callback else None
@@ -246,23 +249,28 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
-        order = [record.get("variant") for record in result.get("records", [])]
         verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, drift, order))
     return verdicts
+
+
+def ran_after(order: Sequence[str], name: str, others: Sequence[str]) -> bool:
+    """Whether ``name`` ran after every one of ``others`` in the run (``order``: the variants as they ran)."""
+    return name in order and all(other in order and order.index(other) < order.index(name) for other in others)
 
 
 def drift_verdict(drift: float | None, *, passed: bool | None = None, ran_later: bool = False) -> str | None:
     """The verdict of a comparison between variants when eager's speed drifted beyond
     :data:`DRIFT_WARNING` during the run (``eager`` against ``eager_end``), else None.
 
-    Inconclusive, except where the drift can only have worked against the winner: the variant that
-    passed ran after the one it beat (``ran_later``) and eager ran slower at the run's end than at its
-    start. A slowing host, or an earlier variant's after-effect on the ones that follow it, then only
-    handicapped the winner, so its win stands."""
+    Inconclusive, except where the drift worked against the winner: the variant that passed ran after
+    every variant it was compared with (``ran_later``), and eager ran slower at the run's end than at
+    its start. The drift is measured at those two points only, so this assumes the slowdown grew
+    during the run rather than came and went (a slowing host does; so does an earlier variant's
+    after-effect on the variants that follow it, BENCHMARKS.md); the verdict says so."""
     if drift is None or abs(drift - 1) <= DRIFT_WARNING:
         return None
     if passed and ran_later and drift < 1:
-        return f"{MET} (it ran later, and eager was {1 - drift:.1%} slower by the run's end: the drift was against it)"
+        return f"{MET} if the slowdown only grew (it ran after what it beat; eager {1 - drift:.1%} slower by the run's end)"
     return f"inconclusive (host drift {drift - 1:+.1%})"
 
 
@@ -346,8 +354,9 @@ def _varlen_verdicts(
             if own_ratio is None or ratio is None or (own_ratio >= ratio) != passed:
                 verdict = INCONCLUSIVE
         if not other_run:
-            ran_later = best in order and order.index(best) < order.index(name)
-            verdict = drift_verdict(drift, passed=passed, ran_later=ran_later) or verdict
+            # After every baseline of its own run: one that ran later was slowed too and may only look beaten.
+            own = [key for key, (_, _, elsewhere) in baselines.items() if not elsewhere]
+            verdict = drift_verdict(drift, passed=passed, ran_later=ran_after(order, name, own)) or verdict
         elif drift_verdict(drift):
             verdict = drift_verdict(drift)
         verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or verdict))

@@ -56,7 +56,19 @@ def load_plan(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     if json.loads(json.dumps(data["key"], default=str)) != json.loads(json.dumps(key, default=str)):
         raise PlanCacheError(f"{path} was made for another model, torch version or options")
     rows = data.get("eager_by_shape", [])
-    return {"planner": data["planner"], "eager_by_shape": rows if isinstance(rows, list) else []}
+    if not (isinstance(rows, list) and all(_is_shape_row(row) for row in rows)):
+        raise PlanCacheError(f"{path} has eager_by_shape rows that are not [[shape, ...], milliseconds] pairs")
+    return {"planner": data["planner"], "eager_by_shape": rows}
+
+
+def _is_shape_row(row: Any) -> bool:
+    """``[[[4, 128], [4, 128]], 12.5]``: the shapes of a batch's tensors and their eager median in ms."""
+    if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], (int, float))):
+        return False
+    shapes = row[0]
+    return isinstance(shapes, list) and all(
+        isinstance(shape, list) and all(isinstance(size, int) for size in shape) for shape in shapes
+    )
 
 
 def save_plan(

@@ -116,7 +116,7 @@ class CVModule(L.LightningModule):
     def configure_optimizers(self) -> Any:
         clipping = clips_gradients_under_mixed_precision(self.trainer)
         optimizer = build_adamw(self, self.optim_config, clips_under_mixed_precision=clipping)
-        return with_warmup(optimizer, self.optim_config.warmup_steps)
+        return with_warmup(optimizer, self.optim_config.warmup_steps, lambda: self.trainer.global_step)
 
 
 # -- data --------------------------------------------------------------------------------------------

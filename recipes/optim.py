@@ -3,6 +3,7 @@ learning-rate warm-up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,18 +46,21 @@ def clips_gradients_under_mixed_precision(trainer: object) -> bool:
     return clips and getattr(trainer, "precision", None) in MIXED_PRECISIONS
 
 
-def with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> Any:
+def with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int, steps_done: Callable[[], int]) -> Any:
     """What ``configure_optimizers`` returns: ``optimizer`` alone, or with a scheduler that raises every
-    group's learning rate linearly over the first ``warmup_steps`` optimizer steps (step ``i`` trains at
-    ``(i + 1) / warmup_steps`` of it) and then holds it. Lightning steps it after every optimizer step and
-    keeps its state in checkpoints, so a resumed run goes on where it stopped.
+    group's learning rate linearly over the first ``warmup_steps`` optimizer steps (the step after
+    ``steps_done()`` steps trains at ``(steps_done() + 1) / warmup_steps`` of it) and then holds it.
+    Lightning steps it after every optimizer step. The factor comes from ``steps_done`` (the
+    LightningModule passes ``lambda: self.trainer.global_step``), not from the scheduler's own count,
+    so a run resumed from any checkpoint, even one saved before warm-up was configured, goes on at
+    the right rate.
 
     Example:
-        >>> configured = with_warmup(build_adamw(model, OptimConfig(lr=6e-4)), warmup_steps=100)
+        >>> configured = with_warmup(build_adamw(model, OptimConfig(lr=6e-4)), 100, lambda: trainer.global_step)
         >>> configured["lr_scheduler"]["interval"]
         'step'
     """
     if warmup_steps <= 0:
         return optimizer
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: min(1.0, (steps_done() + 1) / warmup_steps))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -424,3 +424,13 @@ def test_warm_restart_prices_its_steps_by_the_cached_eager_medians(tmp_path):
     assert warm.timer.count("eager") == 0  # no baseline of its own
     assert warm.last_report["summary"]["speedup_priced"] == "shape by shape"
     assert 0.8 < warm.metrics()["compile/speedup"] < 1.25, warm.metrics()  # nothing compiled: about 1.0
+    # A file written before the medians were kept still loads; its steps are priced by medians.
+    plan = json.loads(plan_file.read_text())
+    plan_file.write_text(json.dumps({key: value for key, value in plan.items() if key != "eager_by_shape"}))
+    older = run(tmp_path / "older")
+    assert older.timer.count("eager") == 0 and older.last_report["summary"]["speedup_priced"] == "medians"
+    # A file whose medians are not [[shape, ...], ms] pairs is ignored, like any bad plan file.
+    plan_file.write_text(json.dumps({**plan, "eager_by_shape": [["not shapes", "fast"]]}))
+    with pytest.warns(UserWarning, match=r"ignores its cached plan and plans again: .* eager_by_shape rows"):
+        replanned = run(tmp_path / "bad")
+    assert replanned.timer.count("eager") > 0

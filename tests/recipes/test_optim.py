@@ -68,4 +68,17 @@ def test_warmup_raises_the_learning_rate_linearly_and_resumes_where_it_stopped(t
 def test_no_warmup_gives_the_optimizer_alone():
     model = GPTModule(GPTModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), OptimConfig())
     optimizer = build_adamw(model, OptimConfig())
-    assert with_warmup(optimizer, 0) is optimizer
+    assert with_warmup(optimizer, 0, lambda: 0) is optimizer
+
+
+def test_warmup_goes_on_at_the_right_rate_from_a_checkpoint_saved_without_one(tmp_path):
+    config = GPTModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)
+    trainer, _ = _fit(tmp_path, GPTModule(config, OptimConfig(lr=0.01)), steps=2)
+    trainer.save_checkpoint(tmp_path / "plain.ckpt")  # no scheduler in it
+    _, resumed = _fit(tmp_path, GPTModule(config, OptimConfig(lr=0.01, warmup_steps=4)), steps=5, ckpt_path=tmp_path / "plain.ckpt")
+    # The first resumed step runs at the checkpoint's saved rate (the optimizer's state), then warm-up's.
+    assert resumed[1:] == pytest.approx([0.01, 0.01])
+    trainer, _ = _fit(tmp_path, GPTModule(config, OptimConfig(lr=0.01)), steps=1)
+    trainer.save_checkpoint(tmp_path / "early.ckpt")
+    _, resumed = _fit(tmp_path, GPTModule(config, OptimConfig(lr=0.01, warmup_steps=4)), steps=4, ckpt_path=tmp_path / "early.ckpt")
+    assert resumed[1:] == pytest.approx([0.0075, 0.01])  # steps 3 and 4 of the warm-up, not 1 and 2
