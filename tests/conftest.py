@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 
@@ -11,6 +12,21 @@ import torch
 import torch._dynamo
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+def _destroy_process_group() -> None:
+    """At a spawned rank's exit (``ddp_spawn`` workers import this module to unpickle the test models):
+    gloo's worker threads still hold the last collective's tensors, and releasing them during interpreter
+    shutdown needs the GIL, which a finalizing interpreter no longer gives: the worker aborts with
+    "terminate called without an active exception" (a core dump showed it in ``ProcessGroupGloo::runLoop``).
+    Lightning destroys the group at exit only for NCCL; this does it for gloo, while Python still runs."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+atexit.register(_destroy_process_group)
 
 
 def pytest_collection_modifyitems(config, items):
