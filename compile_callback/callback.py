@@ -476,7 +476,6 @@ class CompileCallback(Callback):
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self.timer = StepTimer(pl_module.device)
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
-        self._ranks = None  # every rank's counts, gathered at the end of a multi-process fit
         if self.regions == AUTO:
             self.watch = CompileWatch({}, names)
             self.planner = AutoPlanner(
@@ -516,7 +515,8 @@ class CompileCallback(Callback):
             self._load_cached_plan(trainer, pl_module)
         self._churn_pending = []  # found on this rank, not yet agreed by every rank
         self._totals_at_start = dict(self.watch.totals())  # after a resume: the checkpoint's (rank 0's)
-        self._rank_note: str | None = None
+        self._ranks = None  # every rank's counts, gathered at the end of a multi-process fit
+        self._rank_note = None  # says how the ranks differed, when they did
         self.churn = ChurnPolicy(
             self.on_recompile,
             max_recompiles_per_epoch=self.max_recompiles_per_epoch,
