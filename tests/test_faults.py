@@ -2,6 +2,8 @@
 
 import lightning as L
 import pytest
+import torch
+from torch import nn
 from torch._dynamo import register_backend  # the documented way to add a custom backend
 
 from compile_callback import CompileCallback, torch_internals
@@ -194,3 +196,99 @@ def test_auto_verification_runs_the_compiled_backward_before_training_does(tmp_p
     assert decisions and all(not d["kept"] for d in decisions)
     assert all("injected: the compiled backward failed when run" in d["reason"] for d in decisions), decisions
     assert fault_losses == pytest.approx(eager_losses, rel=1e-5)
+
+
+# -- state a doubled or skipped call would leave behind --------------------------------------------------
+
+
+class StatefulBlock(nn.Module):
+    """BatchNorm (running statistics, num_batches_tracked) and dropout (draws from the global RNG): a
+    call made twice, or not at all, shows in the buffers, the RNG stream and the losses."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.norm = nn.BatchNorm1d(width)
+        self.dropout = nn.Dropout(0.25)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(torch.relu(self.norm(self.linear(x)))) + x
+
+
+class StatefulModel(TinyModel):
+    def __init__(self) -> None:
+        super().__init__(block=StatefulBlock)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)  # momentum buffers: optimizer state
+
+
+def stateful_fit(tmp_path, callbacks):
+    """A seeded fit of 2 epochs (24 batches); returns what a rerun call could change: losses, model state (parameters
+    and buffers), optimizer state and the global RNG state after fit."""
+    L.seed_everything(5)
+    model = StatefulModel()
+    recorded = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            recorded.append(float(outputs["loss"]))
+
+    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=2)
+    trainer.fit(model, loader(batch_size=8, shuffle=False))
+    return {
+        "losses": recorded,
+        "state": {name: value.clone() for name, value in model.state_dict().items()},
+        "optimizer": trainer.optimizers[0].state_dict(),
+        "rng": torch.get_rng_state(),
+        "model": model,
+        "trainer": trainer,
+    }
+
+
+@pytest.fixture(scope="module")
+def eager_run(tmp_path_factory):
+    """The same seeded fit without the callback (deterministic: made once for the module)."""
+    return stateful_fit(tmp_path_factory.mktemp("eager"), [])
+
+
+def assert_same_run(fault, eager):
+    tracked = {n: int(v) for n, v in fault["state"].items() if n.endswith("num_batches_tracked")}
+    assert len(tracked) == 3 and set(tracked.values()) == {2 * 12}, tracked  # one forward a batch, none doubled
+    assert fault["state"].keys() == eager["state"].keys()
+    for name, value in eager["state"].items():
+        assert torch.equal(fault["state"][name], value), name  # running statistics, weights
+    assert torch.equal(fault["rng"], eager["rng"])  # dropout drew its masks once a batch
+    assert fault["losses"] == eager["losses"]  # all eager in the end: the same numbers, bit for bit
+    fault_opt, eager_opt = fault["optimizer"], eager["optimizer"]
+    assert fault_opt["param_groups"] == eager_opt["param_groups"]
+    assert fault_opt["state"].keys() == eager_opt["state"].keys() and eager_opt["state"]
+    for index, state in eager_opt["state"].items():
+        assert torch.equal(fault_opt["state"][index]["momentum_buffer"], state["momentum_buffer"]), index
+    assert fault["trainer"].global_step == eager["trainer"].global_step == 2 * 12
+
+
+@pytest.mark.parametrize(("regions", "backend"), [
+    (["blocks.*"], "test_raise_at_compile"),  # three guarded blocks, each rerun once
+    ("model", "test_raise_at_first_call"),
+    (["blocks.*"], "test_raise_at_backward_compile"),
+])
+def test_a_failing_call_is_rerun_eagerly_once_leaving_the_state_of_an_eager_run(tmp_path, eager_run, backend, regions):
+    """The guarded region holds BatchNorm and dropout; the failing call is rerun eagerly exactly once."""
+    callback = CompileCallback(regions, backend=backend, eager_baseline_steps=2, warmup_steps=1)
+    fault = stateful_fit(tmp_path / "fault", [callback])
+    decisions = callback.last_report["decisions"]
+    assert decisions and all(not d["kept"] and "failed at run time" in d["reason"] for d in decisions), decisions
+    assert not any(torch_internals.is_module_compiled(m) for m in fault["model"].modules())
+    assert_same_run(fault, eager_run)
+
+
+def test_a_call_failing_after_verification_is_rerun_once_in_an_auto_fit(tmp_path, eager_run):
+    """regions="auto": verification runs the compiled region (and restores buffers and RNG), then the
+    third compiled call, in training, fails and is rerun eagerly."""
+    callback = CompileCallback(backend="test_raise_on_third_call", eager_baseline_steps=3, warmup_steps=1,
+                               trial_steps=3, max_trials=1)
+    fault = stateful_fit(tmp_path / "fault", [callback])
+    (decision,) = callback.last_report["decisions"]
+    assert not decision["kept"] and "injected: compiled code failed on a later call" in decision["reason"]
+    assert_same_run(fault, eager_run)
