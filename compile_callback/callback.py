@@ -645,10 +645,17 @@ class CompileCallback(Callback):
         return self.timer.samples_by_key(EAGER) or self.timer.samples_by_key(SAVED_EAGER)
 
     def _steady_speedup(self, eager_ms: float | None, compiled_ms: float | None) -> tuple[float | None, str]:
-        """``compile/speedup`` and how it was priced. With variable shapes the eager baseline and the
-        latest steps saw different mixes; each of the latest 100 steps is then priced by the eager
-        median of its own shape (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
+        """``compile/speedup`` and how it was priced. The auto planner's frozen plan is priced by its
+        trials (:meth:`AutoPlanner.priced_speedup`: each kept step measured beside the plan before it),
+        not by the eager baseline, which runs while clocks, allocator and host still settle (on the H200
+        it read 11-16% slow on third-party models). Otherwise eager median over compiled median; with
+        variable shapes each of the latest 100 steps is priced by the eager median of its own shape
+        (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
         assert self.timer is not None
+        priced = self.planner.priced_speedup() if isinstance(self.planner, AutoPlanner) else None
+        if priced is not None:
+            kept = any(d.kept for d in self.planner.decisions)  # type: ignore[union-attr]
+            return priced[0], "trials" if kept else "nothing compiled"
         if self._steady_keys:
             latest = self.timer.samples_by_key(COMPILED, last=100)
             # Only if most of the latest steps have a shape the baseline saw (raw lengths rarely recur).
@@ -894,11 +901,18 @@ class CompileCallback(Callback):
         # A plan applied from a checkpoint or the plan cache measured its eager baseline in the run that made it.
         eager_ms = self.timer.median_ms(EAGER) or getattr(self.planner, "eager_ms", None)
         compiled_ms = self.timer.median_ms(COMPILED, last=100)
+        priced = self.planner.priced_speedup() if isinstance(self.planner, AutoPlanner) else None
+        first = self.planner.decisions[0] if self.planner.decisions else None
+        if priced is not None and first is not None and first.baseline_ms:
+            eager_ms = first.baseline_ms  # eager as timed beside the first trial, which prices the plan
         kept = sum(1 for d in self.planner.decisions if d.kept)
         values: dict[str, float | None] = {
             telemetry.STEP_TIME_MS: compiled_ms,
             telemetry.EAGER_STEP_TIME_MS: eager_ms,
             telemetry.SPEEDUP: self._steady_speedup(eager_ms, compiled_ms)[0],
+            # Two standard errors either side of a trial-priced speedup.
+            telemetry.SPEEDUP_LOW: priced[0] * (1 - 2 * priced[1]) if priced else None,
+            telemetry.SPEEDUP_HIGH: priced[0] * (1 + 2 * priced[1]) if priced else None,
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
             telemetry.GRAPHS: totals["graphs"],
             telemetry.GRAPH_BREAKS: totals["graph_breaks"],

@@ -9,6 +9,7 @@ lives in ``regions``, ``timing`` and ``verify``; the decisions live here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,14 +19,24 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.profile import RegionProfiler, repeated_block_groups
-from compile_callback.regions import MODEL, CompileOptions, Region, compile_region, guard_region, revert_region
+from compile_callback.regions import (
+    MODEL,
+    CompileOptions,
+    Region,
+    compile_region,
+    guard_region,
+    region_name,
+    revert_region,
+)
 from compile_callback.report import Decision
-from compile_callback.timing import median_noise, paired_speedup
+from compile_callback.timing import lower_quartile, median_noise, paired_speedup
 from compile_callback.verify import VerificationResult, cuda_devices, verify_module
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
 COMPILED = "compiled"
+CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan before it
+INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
 
 
 class FixedPlanner:
@@ -118,9 +129,11 @@ def mark_failed(decisions: list[Decision], region: Region, error: BaseException)
 def mark_not_kept(decisions: list[Decision], region: Region, reason: str) -> None:
     """A kept region is kept no more: its own decision, and a kept group's (the CUDA-graph trial of
     several kept regions) it is part of, say so."""
-    names = set(region.module_names)
+    # Decisions list modules by display name (the root as "model", which a child may also be called).
+    names = {name or MODEL for name in region.module_names}
     for decision in decisions:
-        if decision.kept and (decision.region == region.name or names & set(decision.modules)):
+        shares_modules = region.name != MODEL and decision.region != MODEL and names & set(decision.modules)
+        if decision.kept and (decision.region == region.name or shares_modules):
             decision.kept = False
             decision.reason = reason
 
@@ -130,14 +143,15 @@ PROFILE = "profile"
 
 def candidate_regions(root: nn.Module) -> dict[str, list[str]]:
     """The regions the auto planner may try, ``name -> module names`` (``""`` is the root): the whole
-    model, each group of repeated blocks (``"blocks.*"``) and each top-level child outside them."""
+    model, each group of repeated blocks (``"blocks.*"``) and each top-level child outside them. A
+    child called ``model`` is region ``"self.model"`` (:func:`region_name`): ``"model"`` is the root's."""
     regions: dict[str, list[str]] = {MODEL: [""]}
     groups = repeated_block_groups(root)
     regions.update(groups)
     grouped = {member for members in groups.values() for member in members}
     for name, _ in root.named_children():
         if not any(member == name or member.startswith(name + ".") for member in grouped):
-            regions[name] = [name]
+            regions[region_name(name)] = [name]
     return regions
 MIN_SHARE = 0.05  # submodules under 5% of the eager forward are not worth a compile of their own
 
@@ -234,7 +248,6 @@ class AutoPlanner:
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
         self._last_failure = ""
-        self._baseline_label = EAGER  # the timer label of the plan a trial is compared with
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
         self._by_shape = False  # whether trials compare steps shape by shape
@@ -327,7 +340,7 @@ class AutoPlanner:
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
-        remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._trial_length)
+        remaining = self.remaining_batches() - (self.warmup_steps + 3 + 2 * self._trial_length)
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
             if self.agree(remaining > 0):
                 trials += 1
@@ -345,6 +358,12 @@ class AutoPlanner:
 
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
         options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
+        control = label + CONTROL
+        interleaved = options.mode != "reduce-overhead"
+        if not interleaved:
+            # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
+            # memories at once, so the plan before it is timed right before it instead of between its steps.
+            yield from self._window(control)
         self._last_failure = ""
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
@@ -360,9 +379,10 @@ class AutoPlanner:
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
-        self.timer.settle(label, self._settle_per_shape)
-        for _ in range(self._trial_length):
-            yield label
+        if interleaved:
+            yield from self._interleaved(candidate.region, label, control)
+        else:
+            yield from self._window(label)
         if not self.agree_all(candidate.region.is_compiled):  # its guard reverted it (on some rank) during the trial
             if candidate.region.is_compiled:
                 failure = "on another rank"
@@ -373,26 +393,75 @@ class AutoPlanner:
                          reason=f"failed at run time during its trial, reverted to eager: {failure}")
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
-        speedup, noise = self._speedup(label, current_ms, trial_ms)
+        current_ms = self.timer.median_ms(control, wait=True) or current_ms
+        speedup, noise = self._speedup(control, label)
         threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
-        keep = bool(self.agree(speedup is not None and speedup >= threshold))
+        # Judged by the lower quartiles, and not slower by the medians: interference (a busy host, a
+        # logger's first write) only ever adds time, to a few steps of either side, and moves medians of
+        # a short trial far (on 2 loaded CPU cores an unchanged model read 2.4x and 0.5x by medians, a
+        # 2.8x faster one 1.01x); the quartile below them stays with the unhindered steps. On a quiet
+        # GPU the two agree within a percent. The reported speedup stays the medians' ratio.
+        low = self._speedup(control, label, statistic=lower_quartile)[0]
+        keep = bool(self.agree(speedup is not None and low is not None and low >= threshold and speedup >= 1.0))
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
+        how = "between its own steps" if interleaved else "right before it"
         if keep:
             self.regions.append(candidate.region)
             self._kept.append(candidate.region)
-            self._baseline_label = label
-            reason = f"{speedup:.3f}x faster than the plan before it (threshold {threshold:.3f}x)"
+            reason = (f"{speedup:.3f}x faster than the plan before it, timed {how} ({low:.3f}x by lower quartiles; "
+                      f"threshold {threshold:.3f}x)")
         else:
             revert_region(candidate.region)
             reason = (
-                f"not faster: {speedup:.3f}x against the plan before it, under the {threshold:.3f}x threshold"
-                if speedup is not None
+                f"not faster: {speedup:.3f}x against the plan before it, timed {how} ({low:.3f}x by lower "
+                f"quartiles; threshold {threshold:.3f}x)"
+                if speedup is not None and low is not None
                 else "no steady steps could be timed"
             )
-        self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, step_ms=trial_ms,
-                     baseline_ms=current_ms, compile_seconds=compile_seconds,
+        self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
+                     step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds,
                      max_rel_error=verdict.max_rel_error if self.verify else None)
         return trial_ms if keep else None
+
+    def _trial_batches(self, candidate: Candidate) -> int:
+        """Batches a trial runs after its compile: the control window and its own, or the interleaved blocks."""
+        if (candidate.mode or self.options.mode) == "reduce-overhead":
+            return 2 * (1 + self._trial_length)
+        return 2 * math.ceil(self._trial_length / (INTERLEAVE_BLOCK - 1)) * INTERLEAVE_BLOCK
+
+    def _window(self, label: str) -> Iterator[str | None]:
+        """One untimed step, then the trial's length of steps timed under ``label``."""
+        yield WARMUP
+        self.timer.settle(label, self._settle_per_shape)
+        for _ in range(self._trial_length):
+            yield label
+
+    def _interleaved(self, region: Region, label: str, control: str) -> Iterator[str | None]:
+        """The trial's steps in alternating blocks: ``region`` compiled (timed under ``label``), then the
+        plan before it, ``region``'s modules eager and everything else as it is (``control``), and so on.
+        Both see the same clocks, host load and allocator state, so a drift over the trial (a GPU whose
+        clocks still ramp, a busy host) moves both alike and cancels in their ratio. Switching costs
+        nothing (dynamo's cache stays with the compiled callable); the first step of each block is not
+        timed (the queue the previous block left)."""
+        compiled = [torch_internals.compiled_call(module) for module in region.modules]
+
+        def switch(on: bool) -> None:
+            if region.is_compiled:  # else its guard reverted it: it runs eager either way
+                for module, call in zip(region.modules, compiled):
+                    torch_internals.restore_compiled_call(module, call if on else None)
+
+        self.timer.settle(label, self._settle_per_shape)
+        self.timer.settle(control, self._settle_per_shape)
+        blocks = 2 * math.ceil(self._trial_length / (INTERLEAVE_BLOCK - 1))
+        try:
+            for block in range(blocks):
+                on = block % 2 == 0
+                switch(on)
+                yield WARMUP
+                for _ in range(INTERLEAVE_BLOCK - 1):
+                    yield label if on else control
+        finally:
+            switch(True)
 
     def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
         # Shapes that keep changing re-record CUDA graphs; static padding buckets record once each.
@@ -401,6 +470,8 @@ class AutoPlanner:
         if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
+        control = "trial:reduce-overhead" + CONTROL
+        yield from self._window(control)  # the kept plan, right before (see _trial)
         kept = list(self._kept)
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
         saved_with = {id(r): r.compiled_with for r in kept}
@@ -412,6 +483,7 @@ class AutoPlanner:
         label = "trial:reduce-overhead"
         keep, survived = False, True
         trial_ms = speedup = None
+        noise = 0.0
         failures: list[str] = []
 
         def on_error(region: Region, error: BaseException) -> None:
@@ -443,12 +515,13 @@ class AutoPlanner:
             survived = bool(self.agree_all(not failures))  # failed on any rank: given up on all
             if survived:
                 trial_ms = self.timer.median_ms(label, wait=True)
-                speedup, _ = self._speedup(label, current_ms, trial_ms)
+                current_ms = self.timer.median_ms(control, wait=True) or current_ms
+                speedup, noise = self._speedup(control, label)
                 keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
         if keep:
             for region in kept:
                 region.compiled_with = options
-            reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode"
+            reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode, timed right before"
         else:
             restore()
             if not verdict.passed:
@@ -459,8 +532,22 @@ class AutoPlanner:
                 reason = f"CUDA graphs not faster: {speedup:.3f}x" if speedup else "no steady steps could be timed"
         self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
-                                       step_ms=trial_ms, baseline_ms=current_ms,
+                                       speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                                        max_rel_error=verdict.max_rel_error if verdict.error is None else None))
+
+    def priced_speedup(self) -> tuple[float, float] | None:
+        """The plan's speedup over eager and its relative noise: the product of the kept decisions'
+        speedups, each measured against the plan before it in the same stretch of the run (interleaved
+        with it, or right before it for CUDA graphs), so a baseline timed while the run still settles
+        prices nothing. None until the plan is frozen; 1.0 when nothing was kept (the steps run the
+        eager code)."""
+        if not self.frozen:
+            return None
+        kept = [d for d in self.decisions if d.kept and d.speedup is not None]
+        if not kept and any(d.kept for d in self.decisions):
+            return None  # kept without a measurement (a plan saved before decisions carried one)
+        speedup = math.prod(d.speedup for d in kept)
+        return speedup, math.sqrt(sum((d.speedup_noise or 0.0) ** 2 for d in kept))
 
     # -- pieces ---------------------------------------------------------------------------------------
     def _candidate_modules(self) -> dict[str, nn.Module]:
@@ -495,11 +582,11 @@ class AutoPlanner:
                 continue
             ms = sum(forward.get(name, 0.0) for name in members)
             candidate = Candidate(Region(region, members, [named[n] for n in members]), ms, ms / total)
-            if region in members:  # a top-level child: worth a compile of its own only when hot
-                child = named[region]
+            if "*" not in region:  # a top-level child: worth a compile of its own only when hot
+                child = named[members[0]]
                 has_params = any(p.requires_grad for p in child.parameters())
                 candidate.cold = not (
-                    ms / total >= MIN_SHARE and region in self.profiler.held_inputs and (has_params or ms > 0)
+                    ms / total >= MIN_SHARE and members[0] in self.profiler.held_inputs and (has_params or ms > 0)
                 )
             candidates.append(candidate)
         return candidates
@@ -545,18 +632,26 @@ class AutoPlanner:
         """A few shapes that come back (at most ``trial_steps``, in at most two thirds of the steps)."""
         return 1 < shapes <= min(self.trial_steps, (2 * steps) // 3)
 
-    def _speedup(self, label: str, current_ms: float | None, trial_ms: float | None) -> tuple[float | None, float]:
-        """The trial's speedup over the plan before it and its relative noise, compared shape by shape
-        (:func:`paired_speedup`); by plain medians where no shape was timed in both."""
+    def _speedup(self, before: str, after: str, *, statistic: Any = statistics.median) -> tuple[float | None, float]:
+        """How much faster the steps timed under ``after`` ran than those under ``before``, and the
+        relative noise of that ratio; shape by shape (:func:`paired_speedup`) where batches come in a
+        few recurring shapes, else by medians."""
         if self._by_shape:
-            paired = paired_speedup(self.timer.samples_by_key(self._baseline_label), self.timer.samples_by_key(label))
+            paired = paired_speedup(self.timer.samples_by_key(before, wait=True), self.timer.samples_by_key(after, wait=True),
+                                    statistic=statistic)
             if paired is not None:
                 return paired
-        speedup = (current_ms / trial_ms) if current_ms and trial_ms else None
-        return speedup, median_noise(self.timer.samples_ms(label))
+        before_samples, after_samples = self.timer.samples_ms(before, wait=True), self.timer.samples_ms(after, wait=True)
+        if not before_samples or not after_samples:
+            return None, 0.0
+        before_ms, after_ms = statistic(before_samples), statistic(after_samples)
+        if not before_ms or not after_ms:
+            return None, 0.0
+        noise = math.hypot(median_noise(self.timer.samples_ms(before)), median_noise(self.timer.samples_ms(after)))
+        return before_ms / after_ms, noise
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
-        remaining = self.remaining_batches() - (self.warmup_steps + self._trial_length)
+        remaining = self.remaining_batches() - (self.warmup_steps + self._trial_batches(candidate))
         spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
         reason = None
         if remaining <= 0:
@@ -654,11 +749,12 @@ class AutoPlanner:
     def _apply_saved_plan(self, plan: list[dict[str, Any]]) -> None:
         named = dict(self.root.named_modules())
         for item in plan:
-            missing = [n for n in item["modules"] if n not in named and n != MODEL]
+            # The root is "" (named_modules' own name for it): a child called "model" is not the root.
+            missing = [n for n in item["modules"] if n not in named]
             if missing:
                 raise ValueError(f"the saved compile plan names modules this model lacks: {missing}; "
                                  f"resume with the same model, or start without ckpt_path.")
-            modules = [self.root if n in ("", MODEL) else named[n] for n in item["modules"]]
+            modules = [named[n] for n in item["modules"]]
             region = Region(item["name"], list(item["modules"]), modules)
             self.watch.add_region(region)
             options = dataclasses.replace(self.options, mode=item.get("mode"))

@@ -21,6 +21,19 @@ from torch import nn
 from compile_callback import torch_internals
 
 MODEL = "model"
+# A submodule is named in ``regions`` by its path (``"head"``, ``"blocks.*"``), or as ``"self.<path>"``,
+# which always means a submodule: ``"model"`` is the whole LightningModule, so a child called ``model``
+# (the usual ``self.model = ...``) is region ``"self.model"``. No module name contains a ".", so no
+# child can take the root's name or the prefix.
+SUBMODULE_PREFIX = "self."
+
+
+def region_name(module_name: str) -> str:
+    """The region name of one submodule (``""`` is the root): its path, unless that would read as the
+    whole model."""
+    if module_name == "":
+        return MODEL
+    return SUBMODULE_PREFIX + module_name if module_name == MODEL else module_name
 
 BACKENDS_WITH_MODES = ("inductor",)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -92,7 +105,8 @@ def resolve_regions(root: nn.Module, specs: Sequence[str]) -> list[Region]:
     Args:
         root: the model (a LightningModule or any ``nn.Module``).
         specs: ``"model"`` for ``root`` itself, submodule names (``"head"``, ``"encoder.layers.0"``) or
-            glob patterns, one ``*`` per name component (``"blocks.*"``, ``"layer*"``).
+            glob patterns, one ``*`` per name component (``"blocks.*"``, ``"layer*"``); a name may start
+            with ``"self."`` (``"self.model"``: the submodule ``model``, not the whole model).
 
     Raises:
         ValueError: a name or pattern that matches no submodule (with the closest names), a pattern
@@ -106,19 +120,21 @@ def resolve_regions(root: nn.Module, specs: Sequence[str]) -> list[Region]:
     regions: list[Region] = []
     claimed: dict[str, str] = {}
     for spec in specs:
+        path = spec[len(SUBMODULE_PREFIX):] if spec.startswith(SUBMODULE_PREFIX) else spec
         if spec == MODEL:
             matched = [""]
-        elif any(char in spec for char in "*?["):
-            matched = [name for name in names if _matches(spec, name)]
+        elif any(char in path for char in "*?["):
+            matched = [name for name in names if _matches(path, name)]
         else:
-            matched = [spec] if spec in named and spec else []
+            matched = [path] if path in named and path else []
         if not matched:
             close = difflib.get_close_matches(spec, names, n=5, cutoff=0.5)
             hint = f" Close matches: {', '.join(repr(c) for c in close)}." if close else ""
             top_level = [name for name in names if "." not in name][:12]
             raise ValueError(
                 f"region {spec!r} matches no submodule of {type(root).__name__}.{hint} "
-                f"Use 'model' for the whole model, a submodule name or a glob pattern over names; "
+                f"Use 'model' for the whole model, a submodule name ('self.model' for a submodule called "
+                f"model) or a glob pattern over names; "
                 f"top-level submodules are: {', '.join(top_level) or '(none)'}."
             )
         for name in matched:

@@ -25,6 +25,7 @@ class Decision:
     step_ms: float | None = None
     baseline_ms: float | None = None
     speedup: float | None = None
+    speedup_noise: float | None = None  # relative standard error of ``speedup``
     max_rel_error: float | None = None
 
     def as_dict(self) -> dict[str, Any]:

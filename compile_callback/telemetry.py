@@ -15,6 +15,8 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 
 # The SPEC's tag names; a contract with users' dashboards.
 SPEEDUP = "compile/speedup"
+SPEEDUP_LOW = "compile/speedup_low"
+SPEEDUP_HIGH = "compile/speedup_high"
 STEP_TIME_MS = "compile/step_time_ms"
 EAGER_STEP_TIME_MS = "compile/eager_step_time_ms"
 COMPILE_TIME_S = "compile/compile_time_s"
@@ -77,7 +79,7 @@ def custom_scalars_layout() -> dict[str, Any]:
     """TensorBoard custom-scalars layout: the compile dashboard's charts, grouped."""
     return {
         "compile": {
-            "speed": ["Multiline", [SPEEDUP]],
+            "speed": ["Multiline", [SPEEDUP, SPEEDUP_LOW, SPEEDUP_HIGH]],
             "step time (ms): compiled vs eager": ["Multiline", [STEP_TIME_MS, EAGER_STEP_TIME_MS]],
             "compile time (s)": ["Multiline", [COMPILE_TIME_S]],
             "graphs and recompiles": ["Multiline", [GRAPHS, RECOMPILES, RECOMPILES_EPOCH]],

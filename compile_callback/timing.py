@@ -12,7 +12,7 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -111,12 +111,22 @@ def _newest(samples: list[Any], last: int | None) -> list[Any]:
     return samples if last is None else samples[max(0, len(samples) - last):]
 
 
+def lower_quartile(samples: list[float]) -> float:
+    """The 25th percentile: steps a busy host slowed sit above it, so it moves less than the median under load."""
+    ordered = sorted(samples)
+    return statistics.quantiles(ordered, n=4, method="inclusive")[0] if len(ordered) > 1 else ordered[0]
+
+
 def paired_speedup(
-    before: dict[Hashable, list[float]], after: dict[Hashable, list[float]], *, min_share: float = 0.0
+    before: dict[Hashable, list[float]],
+    after: dict[Hashable, list[float]],
+    *,
+    min_share: float = 0.0,
+    statistic: Callable[[list[float]], float] = statistics.median,
 ) -> tuple[float, float] | None:
     """How much faster ``after``'s steps ran than ``before``'s, shape by shape, and the relative noise.
 
-    Each key's median in ``before`` prices the same key's steps in ``after``: the speedup is what
+    Each key's median (or ``statistic``) in ``before`` prices the same key's steps in ``after``: the speedup is what
     ``after``'s steps would have taken before over what they took (per-key medians, so one slow step
     moves little where a shape has several). Windows that saw different mixes of shapes (variable-length batches) so compare
     like with like; with one shape it is the ratio of the two medians. The noise is the relative
@@ -128,8 +138,8 @@ def paired_speedup(
     shared = [key for key in after if key in before and after[key] and before[key]]
     if not shared or sum(len(after[key]) for key in shared) < min_share * sum(map(len, after.values())):
         return None
-    priced = sum(len(after[key]) * statistics.median(before[key]) for key in shared)
-    took = sum(len(after[key]) * statistics.median(after[key]) for key in shared)
+    priced = sum(len(after[key]) * statistic(before[key]) for key in shared)
+    took = sum(len(after[key]) * statistic(after[key]) for key in shared)
 
     def noise(window: dict[Hashable, list[float]]) -> float:
         keys = [key for key in shared if len(window[key]) >= 3] or shared

@@ -4,6 +4,16 @@ Every compile dynamo starts is attributed to the innermost region (or, for code 
 themselves, the innermost named submodule) on the Python stack of the call that triggered it. A lazily
 compiled backward inherits the region of the forward with the same compile id. Counts come from
 dynamo's own counters and records, so they equal what ``torch._dynamo`` reports.
+
+Graph breaks are every break dynamo records (``graph_break_reasons``: one a frame it cuts, the breaks
+``TORCH_LOGS=graph_breaks`` prints), sorted into kinds, because dynamo's ``counters["graph_break"]``
+holds one kind only: breaks at an instruction it cannot trace and resumes after (a call, mostly). A
+data-dependent branch, and a break it cannot resume from (it compiles up to the last point it can
+resume at, reason ``step_unsupported``, and runs the rest of the function eagerly), it counts in
+``counters["unimplemented"]``, among errors that are no breaks. A tiny Hugging Face GPT-2 (torch 2.14.1,
+transformers 5.24) shows 5: the ``logger.warning_once`` in its ``loss_function`` property cuts each of
+the five frames it runs under, four at a call (``counters["graph_break"]`` = 4) and
+``GPT2LMHeadModel.forward`` at its read of the property, which dynamo cannot resume after.
 """
 
 from __future__ import annotations
@@ -22,6 +32,29 @@ UNATTRIBUTED = "(unattributed)"
 _SIZE_MISMATCH = re.compile(r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 _VALUE_GUARD = re.compile(r"^(?P<subject>[\w\.\[\]'\"]+) == (?P<value>\S+)\s*(#\s*(?P<code>.*?)\s*#\s*(?P<where>\S+:\d+ in \w+))?")
 _COMPILE_ID_PREFIX = re.compile(r"^\s*!?\d+/\d+(_\d+)?:\s*")
+
+# Kinds of graph break, told apart by the reason dynamo gives (checked on torch 2.14.1):
+# a call, or another instruction dynamo breaks at and resumes after (an attribute or subscript store, a
+# subscript, a comparison): the one kind dynamo's counters["graph_break"] counts
+AT_CALL = "call"
+DATA_DEPENDENT_BRANCH = "data-dependent branch"  # dynamo's reason "generic_jump ..."
+NO_RESUME_POINT = "no resume point"  # "step_unsupported"
+COMPREHENSION = "comprehension"  # "comprehension_graph_break" (Python 3.12+; not seen here)
+GRAPH_BREAK_KINDS = (AT_CALL, DATA_DEPENDENT_BRANCH, NO_RESUME_POINT, COMPREHENSION)
+UNCLASSIFIED = "unclassified"  # breaks loaded from a checkpoint written before kinds were kept
+_KIND_BY_REASON_PREFIX = {
+    "generic_jump": DATA_DEPENDENT_BRANCH,
+    "step_unsupported": NO_RESUME_POINT,
+    "comprehension_graph_break": COMPREHENSION,
+}
+# What the report says about each kind dynamo does not count in counters["graph_break"].
+_KIND_NOTES = {
+    DATA_DEPENDENT_BRANCH: "data-dependent branch (dynamo counts it in counters['unimplemented'], "
+    "not counters['graph_break'])",
+    NO_RESUME_POINT: "a graph break dynamo cannot resume from: compiled up to here and ran the rest of the "
+    "function eagerly (counted in counters['unimplemented'], not counters['graph_break'])",
+    COMPREHENSION: "a graph break in a comprehension (not counted in counters['graph_break'])",
+}
 
 SHAPE = "shape"
 PYTHON_VALUE = "python value"
@@ -47,6 +80,26 @@ def classify_guard_failure(reason: str) -> tuple[str, str]:
         where = f", read at {match.group('where')}" if match.group("where") else ""
         return PYTHON_VALUE, f"`{match.group('subject')}` (a Python value) changed from {match.group('value')}{where}"
     return OTHER, text
+
+
+def graph_break_kind(reason: str) -> str:
+    """The kind of a graph break from dynamo's reason for it: one of :data:`GRAPH_BREAK_KINDS`.
+
+    Every reason but dynamo's fixed words for a branch, a missing resume point or a comprehension is
+    the message of an unsupported instruction it resumed after, the kind ``counters["graph_break"]``
+    counts (:data:`AT_CALL`).
+    """
+    for prefix, kind in _KIND_BY_REASON_PREFIX.items():
+        if reason.startswith(prefix):
+            return kind
+    return AT_CALL
+
+
+def describe_graph_break(reason: str, location: str) -> str:
+    """A graph break for the report: dynamo's reason and where, with what its kind means when
+    ``counters["graph_break"]`` does not count it."""
+    note = _KIND_NOTES.get(graph_break_kind(reason))
+    return f"{reason}: {note} ({location})" if note else f"{reason} ({location})"
 
 
 def readable_guard_failure(reason: str) -> str:
@@ -75,7 +128,7 @@ class RegionCompileStats:
 
     graphs: int = 0
     recompiles: int = 0
-    graph_breaks: int = 0
+    graph_breaks: int = 0  # every break dynamo recorded; graph_break_kinds splits them
     ddp_pieces: int = 0  # pieces DDPOptimizer split graphs into at DDP's gradient buckets (not graph breaks)
     compile_seconds: float = 0.0
     dynamo_seconds: float = 0.0  # capture alone: dynamo's time less AOTAutograd's
@@ -87,6 +140,8 @@ class RegionCompileStats:
     eager_fallback: bool = False
     fallback_reason: str | None = None
     graph_break_reasons: Counter = dataclasses.field(default_factory=Counter)
+    # kind -> breaks (GRAPH_BREAK_KINDS); only AT_CALL is in dynamo's counters["graph_break"]
+    graph_break_kinds: Counter = dataclasses.field(default_factory=Counter)
     recompile_reasons: Counter = dataclasses.field(default_factory=Counter)
     compile_errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -98,18 +153,23 @@ class RegionCompileStats:
         data["recompile_reasons"] = [
             {"reason": reason, "count": count} for reason, count in self.recompile_reasons.most_common()
         ]
+        data["graph_break_kinds"] = dict(self.graph_break_kinds)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RegionCompileStats:
         fields = {f.name for f in dataclasses.fields(cls)}
-        stats = cls(**{k: v for k, v in data.items() if k in fields and "reasons" not in k})
+        counters = ("graph_break_reasons", "recompile_reasons", "graph_break_kinds")
+        stats = cls(**{k: v for k, v in data.items() if k in fields and k not in counters})
         stats.graph_break_reasons = Counter(
             {item["reason"]: item["count"] for item in data.get("graph_break_reasons", [])}
         )
         stats.recompile_reasons = Counter(
             {item["reason"]: item["count"] for item in data.get("recompile_reasons", [])}
         )
+        # A checkpoint from before kinds were kept: its breaks stay counted, of no known kind.
+        kinds = data.get("graph_break_kinds", {UNCLASSIFIED: stats.graph_breaks} if stats.graph_breaks else {})
+        stats.graph_break_kinds = Counter(kinds)
         return stats
 
 
@@ -226,7 +286,8 @@ class CompileWatch:
                 stats.ddp_pieces += 1
                 continue
             stats.graph_breaks += 1
-            stats.graph_break_reasons[f"{graph_break.reason} ({graph_break.location})"] += 1
+            stats.graph_break_kinds[graph_break_kind(graph_break.reason)] += 1
+            stats.graph_break_reasons[describe_graph_break(graph_break.reason, graph_break.location)] += 1
             self.graph_breaks.append((region, graph_break))
 
     # -- records ---------------------------------------------------------------------------------
@@ -291,6 +352,8 @@ class CompileWatch:
             "graphs": sum(s.graphs for s in stats),
             "recompiles": sum(s.recompiles for s in stats),
             "graph_breaks": sum(s.graph_breaks for s in stats),
+            # The part of graph_breaks that dynamo's counters["graph_break"] counts (its values summed).
+            "graph_breaks_in_dynamo_counter": sum(s.graph_break_kinds[AT_CALL] for s in stats),
             "ddp_pieces": sum(s.ddp_pieces for s in stats),
             "compile_time_s": sum(s.compile_seconds for s in stats),
             "eager_fallbacks": sum(1 for s in stats if s.eager_fallback),

@@ -169,7 +169,7 @@ def test_verification_changes_nothing(tmp_path):
     def run(callback, path):
         L.seed_everything(7)
         model = WithDropoutAndNorm()
-        trainer = make_trainer(path, [callback] if callback else [], max_epochs=2)
+        trainer = make_trainer(path, [callback] if callback else [], max_epochs=3)
         trainer.fit(model, loader(batch_size=8, shuffle=False))
         optimizer_state = trainer.optimizers[0].state_dict()
         return model.state_dict(), optimizer_state, torch.get_rng_state(), callback.last_report if callback else None
@@ -290,8 +290,8 @@ def test_trials_compare_steps_of_like_shapes(tmp_path):
     # batches (~27 ms) with the trial's short ones (~3 + 3 ms) and keep it as ~4x faster; shape by
     # shape it is slower, and it is reverted.
     callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1)
-    data = torch.utils.data.DataLoader(MixShiftingBatches(40), batch_size=None)
-    make_trainer(tmp_path, [callback], max_steps=40).fit(LengthCostModel(), data)
+    data = torch.utils.data.DataLoader(MixShiftingBatches(80), batch_size=None)
+    make_trainer(tmp_path, [callback], max_steps=80).fit(LengthCostModel(), data)
     decision = callback.planner.decisions[0]
     assert not decision.kept and decision.speedup < 0.8, decision
     assert any("batches come in 2 shapes" in note for note in callback.planner.notes)
@@ -318,22 +318,23 @@ def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
     decision = callback.planner.decisions[0]
     assert decision.speedup is not None and decision.step_ms is not None  # every step timed, none skipped
     assert callback.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled
-    # Nor can the steady speedup pair steps with the baseline: it compares medians and says so.
-    assert callback.last_report["summary"]["speedup_priced"] == "medians"
+    # Nothing was kept: the steps run the eager code, and the speedup says so.
+    assert callback.last_report["summary"]["speedup_priced"] == "nothing compiled"
+    assert callback.last_report["summary"]["speedup"] == 1.0
 
 
 def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
-    # Everything is reverted, so the steady steps run eager: the speedup must read about 1.0. The eager
-    # baseline saw mostly long batches and the steady window mostly short ones, so plain medians would
-    # call the unchanged model several times faster.
-    callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1, log_every_n_steps=100)
+    # Named regions (no trials to price the plan): the speedup is the eager baseline against the steady
+    # steps. The baseline saw mostly long batches and the steady window mostly short ones, so plain
+    # medians would call a compile that changes nothing (backend "eager") several times faster.
+    callback = CompileCallback(["blocks"], backend="eager", eager_baseline_steps=6, warmup_steps=1, log_every_n_steps=100)
     data = torch.utils.data.DataLoader(MixShiftingBatches(60), batch_size=None)
     make_trainer(tmp_path, [callback], max_steps=60).fit(LengthCostModel(), data)
-    assert not any(d.kept for d in callback.planner.decisions)
     metrics = callback.metrics()
     naive = metrics["compile/eager_step_time_ms"] / metrics["compile/step_time_ms"]
     assert naive > 3, naive  # what the two windows' mixes alone make of it
-    assert 0.8 < metrics["compile/speedup"] < 1.25, metrics["compile/speedup"]
+    # Wide enough that a loaded 2-core machine cannot cross it, narrow enough to tell it from naive.
+    assert 0.5 < metrics["compile/speedup"] < 2.0, metrics["compile/speedup"]
     summary = callback.last_report["summary"]
     assert summary["speedup_priced"] == "shape by shape" and summary["speedup"] == pytest.approx(metrics["compile/speedup"], rel=0.2)
 
@@ -342,7 +343,7 @@ def test_steady_steps_of_one_shape_skip_walking_the_batch(tmp_path):
     callback = auto(backend="test_slower", max_trials=1)
     fit(tmp_path, callback)
     assert callback._keys_wanted() is False
-    assert callback.last_report["summary"]["speedup_priced"] in ("medians", None)
+    assert callback.last_report["summary"]["speedup_priced"] == "nothing compiled"
 
 
 def test_steady_speedup_is_priced_by_shape_only_where_most_steps_have_a_baseline_shape():
@@ -396,8 +397,9 @@ def test_resumed_run_prices_its_steps_by_the_checkpoints_eager_medians(tmp_path)
     trainer.fit(LengthCostModel(), data, ckpt_path=trainer_checkpoint(tmp_path))
     assert second.timer.count("eager") == 0  # no new baseline: the plan came from the checkpoint
     metrics = second.metrics()
-    assert second.last_report["summary"]["speedup_priced"] == "shape by shape"
-    assert 0.8 < metrics["compile/speedup"] < 1.25, metrics  # nothing compiled: about 1.0
+    # The plan is priced by the first run's trials: here nothing was kept, so the eager code runs.
+    assert second.last_report["summary"]["speedup_priced"] == "nothing compiled"
+    assert metrics["compile/speedup"] == 1.0, metrics
 
 
 def trainer_checkpoint(root) -> str:
@@ -422,15 +424,67 @@ def test_warm_restart_prices_its_steps_by_the_cached_eager_medians(tmp_path):
     warm = run(tmp_path / "warm")
     assert any(note.startswith("plan loaded from") for note in warm.last_report["plan"]["notes"])
     assert warm.timer.count("eager") == 0  # no baseline of its own
-    assert warm.last_report["summary"]["speedup_priced"] == "shape by shape"
-    assert 0.8 < warm.metrics()["compile/speedup"] < 1.25, warm.metrics()  # nothing compiled: about 1.0
+    assert warm.last_report["summary"]["speedup_priced"] == "nothing compiled"
+    assert warm.metrics()["compile/speedup"] == 1.0, warm.metrics()
     # A file written before the medians were kept still loads; its steps are priced by medians.
     plan = json.loads(plan_file.read_text())
     plan_file.write_text(json.dumps({key: value for key, value in plan.items() if key != "eager_by_shape"}))
     older = run(tmp_path / "older")
-    assert older.timer.count("eager") == 0 and older.last_report["summary"]["speedup_priced"] == "medians"
+    assert older.timer.count("eager") == 0 and older.last_report["summary"]["speedup_priced"] == "nothing compiled"
     # A file whose medians are not [[shape, ...], ms] pairs is ignored, like any bad plan file.
     plan_file.write_text(json.dumps({**plan, "eager_by_shape": [["not shapes", "fast"]]}))
     with pytest.warns(UserWarning, match=r"ignores its cached plan and plans again: .* eager_by_shape rows"):
         replanned = run(tmp_path / "bad")
     assert replanned.timer.count("eager") > 0
+
+
+class Wrapped(L.LightningModule):
+    """The usual Lightning pattern: the network in ``self.model``, the loss from ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    def training_step(self, batch, batch_idx):
+        return self(*batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_child_called_model_does_not_hide_the_whole_model(tmp_path):
+    report, model = fit(tmp_path, auto(backend="eager", max_trials=2, min_speedup=1.0), model=Wrapped())
+    regions = [d["region"] for d in report["decisions"]]
+    assert regions[0] == "model", report["decisions"]  # the root, tried first
+    assert report["decisions"][0]["modules"] == ["model"]
+    assert not any("whole model not tried" in note for note in report["plan"]["notes"])
+    from compile_callback.planner import candidate_regions
+
+    assert candidate_regions(model) == {"model": [""], "self.model": ["model"]}
+
+
+class SlowWhenEager(TinyModel):
+    """Faster compiled by construction: the sleep runs only eagerly (dynamo traces with
+    ``is_compiling()`` true, so the compiled graph has no sleep)."""
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            time.sleep(0.004)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_region_no_faster_is_reverted_and_one_clearly_faster_is_kept_in_every_fit(tmp_path, seed):
+    L.seed_everything(seed)
+    same, _ = fit(tmp_path / "same", auto(backend="eager", max_trials=1, trial_steps=7))
+    assert [d["kept"] for d in same["decisions"]] == [False], [(d["region"], d["reason"]) for d in same["decisions"]]
+    assert same["summary"]["speedup"] == 1.0 and same["summary"]["speedup_priced"] == "nothing compiled"
+    faster, _ = fit(tmp_path / "faster", auto(backend="eager", max_trials=1, trial_steps=7), model=SlowWhenEager())
+    (decision,) = faster["decisions"]
+    assert decision["region"] == "model" and decision["kept"], decision
+    assert faster["summary"]["speedup_priced"] == "trials"
+    assert faster["summary"]["speedup"] == pytest.approx(decision["speedup"])
+    assert "timed between its own steps" in decision["reason"]
