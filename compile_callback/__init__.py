@@ -1,6 +1,7 @@
 """compile-callback: make torch.compile pay off inside Lightning training runs, and show why when it does not."""
 
 from compile_callback.callback import CompileCallback
+from compile_callback.collate import PadCollate, PaddingStats, ShapeCensus, choose_buckets, padding_waste
 from compile_callback.regions import CompileOptions, Region, compile_region, resolve_regions, revert_region
 from compile_callback.report import Decision
 from compile_callback.timing import StepTimer
@@ -11,9 +12,14 @@ __all__ = [
     "CompileOptions",
     "CompileWatch",
     "Decision",
+    "PadCollate",
+    "PaddingStats",
+    "ShapeCensus",
     "Region",
     "StepTimer",
+    "choose_buckets",
     "compile_region",
+    "padding_waste",
     "resolve_regions",
     "revert_region",
 ]

@@ -13,6 +13,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +41,15 @@ from compile_callback.padding import (
 from compile_callback.regions import revert_region
 from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, mark_not_kept
-from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, resolve_regions
+from compile_callback.regions import (
+    BACKENDS_WITH_MODES,
+    MODEL,
+    MODES,
+    CompileOptions,
+    backend_name,
+    resolve_backend,
+    resolve_regions,
+)
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, paired_speedup, summarize
 from compile_callback.watch import CompileWatch
@@ -89,7 +98,10 @@ class CompileCallback(Callback):
         regions: ``"auto"`` (profile, then compile and keep what measures faster), ``"model"`` (the
             whole LightningModule's forward), or a list of submodule names / glob patterns with one
             ``*`` per name component (``["blocks.*", "head"]``).
-        backend: ``torch.compile`` backend (``"inductor"``, ``"aot_eager"``, ``"eager"``, ...).
+        backend: ``torch.compile`` backend: a registered name (``"inductor"``, ``"aot_eager"``, ``"eager"``,
+            or one of your own registered with ``torch._dynamo.register_backend``), a dotted import path
+            to a backend function (``"my_package.compilers.my_backend"``, the form for YAML), or the
+            callable itself. Checked in ``setup``; modes other than ``"default"`` need ``"inductor"``.
         mode: ``"auto"`` (chosen by measurement with ``regions="auto"``, else ``"default"``) or one of
             ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``.
         fullgraph: passed to ``torch.compile``; a graph break then raises.
@@ -145,7 +157,7 @@ class CompileCallback(Callback):
         self,
         regions: str | list[str] = AUTO,
         *,
-        backend: str = "inductor",
+        backend: str | Callable[..., Any] = "inductor",
         mode: str = AUTO,
         fullgraph: bool = False,
         dynamic: bool | None = None,
@@ -184,8 +196,9 @@ class CompileCallback(Callback):
             raise ValueError(
                 f"`regions` must be 'auto', 'model' or a non-empty list of submodule names; got {regions!r}."
             )
-        if not isinstance(backend, str) or not backend:
-            raise ValueError(f"`backend` must be a torch.compile backend name such as 'inductor'; got {backend!r}.")
+        if not callable(backend) and (not isinstance(backend, str) or not backend):
+            raise ValueError(f"`backend` must be a torch.compile backend name such as 'inductor', a dotted import "
+                             f"path to a backend function, or a callable; got {backend!r}.")
         allowed_modes = (AUTO, *MODES)
         if mode not in allowed_modes:
             raise ValueError(f"`mode` must be one of {', '.join(repr(m) for m in allowed_modes)}; got {mode!r}.")
@@ -239,6 +252,7 @@ class CompileCallback(Callback):
             _check_int("log_every_n_steps", log_every_n_steps, 1)
         self.regions = regions if isinstance(regions, str) else list(regions)
         self.backend = backend
+        self._backend: str | Callable[..., Any] = backend  # resolved in setup (a dotted path, imported)
         self.mode = mode
         self.fullgraph = fullgraph
         self.dynamic = dynamic
@@ -299,7 +313,7 @@ class CompileCallback(Callback):
     # -- Lightning hooks ---------------------------------------------------------------------------
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(regions=str(self.regions), backend=self.backend)
+        return self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if not isinstance(pl_module, LightningModule):
@@ -312,6 +326,8 @@ class CompileCallback(Callback):
         if self.regions != AUTO:
             # Names are checked here, before any training, so a typo costs nothing.
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
+        # Here, not in __init__: a backend of the user's own is registered or importable by now.
+        self._backend = resolve_backend(self.backend)
         if self.pad is not None and stage == "fit":
             self._static_buckets = False
             self._loaders_padded.clear()
@@ -459,7 +475,7 @@ class CompileCallback(Callback):
         # Runs on every rank after the strategy has moved and wrapped the model: compiling in place
         # here is seen by DDP's wrapper and keeps state-dict keys unchanged.
         compile_options = CompileOptions(
-            backend=self.backend,
+            backend=self._backend,
             mode=None if self.mode == AUTO else self.mode,
             fullgraph=self.fullgraph,
             dynamic=self.dynamic,
@@ -529,7 +545,7 @@ class CompileCallback(Callback):
 
     def _cache_options(self) -> dict[str, Any]:
         return {
-            "regions": self.regions, "backend": self.backend, "mode": self.mode, "fullgraph": self.fullgraph,
+            "regions": self.regions, "backend": backend_name(self.backend), "mode": self.mode, "fullgraph": self.fullgraph,
             "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
             # Padding changes the shapes the plan was measured on (and makes regions static).
             "pad": self.pad, "pad_max_buckets": self.pad_max_buckets, "pad_multiple": self.pad_multiple,
@@ -1015,7 +1031,7 @@ class CompileCallback(Callback):
                 "ddp_pieces": int(totals["ddp_pieces"]),
             },
             "ranks": self._ranks,
-            "environment": {"torch": torch.__version__, "backend": self.backend},
+            "environment": {"torch": torch.__version__, "backend": backend_name(self.backend)},
             "plan": {
                 "regions": self.regions,
                 "frozen": bool(getattr(self.planner, "frozen", True)),

@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from collections.abc import Sequence
-from typing import Any
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
+import torch
 from torch import nn
 
 from compile_callback import torch_internals
@@ -39,11 +41,56 @@ BACKENDS_WITH_MODES = ("inductor",)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+Backend = Union[str, Callable[..., Any]]
+
+
+def resolve_backend(backend: Backend) -> Backend:
+    """What ``torch.compile`` gets as its ``backend``: a callable as it is, a registered backend name as it
+    is, and a dotted import path (``"my_package.compilers.my_backend"``) as the callable it names.
+
+    Raises:
+        ValueError: a string that is neither a registered name nor an importable callable, or any other
+            type, with the registered names and how to fix it.
+    """
+    if callable(backend):
+        return backend
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"`backend` must be a torch.compile backend name such as 'inductor', a dotted import "
+                         f"path to a backend function, or a callable; got {backend!r}.")
+    registered = torch.compiler.list_backends(exclude_tags=())
+    if backend in registered:
+        return backend
+    if "." in backend:
+        module_name, _, attribute = backend.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"`backend={backend!r}` is not a registered torch.compile backend and cannot be "
+                             f"imported ({type(error).__name__}: {error}). Give a registered name "
+                             f"({', '.join(registered)}) or an importable 'package.module.function'.") from error
+        if not callable(found):
+            raise ValueError(f"`backend={backend!r}` names {type(found).__name__}, not a callable backend "
+                             f"function (gm, example_inputs) -> callable.")
+        return found
+    raise ValueError(f"`backend={backend!r}` is not a registered torch.compile backend: registered are "
+                     f"{', '.join(registered)}. Register yours with torch._dynamo.register_backend before fit, "
+                     f"or give a dotted import path ('my_package.compilers.my_backend') or the callable itself.")
+
+
+def backend_name(backend: Backend) -> str:
+    """A readable name of a backend for reports and cache keys: the name, or the callable's qualified name."""
+    if isinstance(backend, str):
+        return backend
+    module = getattr(backend, "__module__", None) or ""
+    name = getattr(backend, "__qualname__", None) or getattr(backend, "__name__", None) or type(backend).__qualname__
+    return f"{module}.{name}" if module else name
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """What is passed to ``torch.compile`` for a region."""
 
-    backend: str = "inductor"
+    backend: Backend = "inductor"
     mode: str | None = None
     fullgraph: bool = False
     dynamic: bool | None = None
@@ -59,7 +106,7 @@ class CompileOptions:
         return kwargs
 
     def describe(self) -> str:
-        parts = [self.backend]
+        parts = [backend_name(self.backend)]
         if self.mode:
             parts.append(self.mode)
         if self.dynamic is not None:
