@@ -277,6 +277,8 @@ class CompileCallback(Callback):
         self._anatomy_ops = OpAnatomy(backend)  # made again for each fit, in on_fit_start
         self._warned_host_syncs = False
         self._on_gpu = False
+        self._memory_high: dict[str, int] = {}
+        self._memory_device: torch.device | None = None
         self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
@@ -490,6 +492,8 @@ class CompileCallback(Callback):
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
+        self._memory_high: dict[str, int] = {}  # label -> bytes allocated at the forward/backward boundary
+        self._memory_device = pl_module.device
         self.timer = StepTimer(pl_module.device)
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
         if self.regions == AUTO:
@@ -717,6 +721,11 @@ class CompileCallback(Callback):
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self._anatomy_ops.backward_started()
+        if self._on_gpu and self._label in (EAGER, COMPILED):
+            # Every activation the backward needs is alive here: the step's memory high point, read from
+            # the allocator's counters (host-side, no sync) for the eager baseline and the plan alike.
+            allocated = torch.cuda.memory_allocated(pl_module.device)
+            self._memory_high[self._label] = max(self._memory_high.get(self._label, 0), allocated)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)
@@ -937,6 +946,7 @@ class CompileCallback(Callback):
             telemetry.REGIONS_COMPILED: kept,
             telemetry.REGIONS_REVERTED: len(self.planner.decisions) - kept,
         }
+        values.update(self._memory())
         errors = [d.max_rel_error for d in self.planner.decisions if d.kept and d.max_rel_error is not None]
         if errors:
             values[telemetry.MAX_REL_ERROR] = max(errors)
@@ -947,6 +957,20 @@ class CompileCallback(Callback):
             values[telemetry.PADDING_WASTE] = float(self._padding_seen.waste)
         values.update(self._anatomy(eager_ms, compiled_ms))
         return values
+
+    def _memory(self) -> dict[str, float | None]:
+        """``compile/memory/*`` in GB: the fit's peak (torch's peak counter, which the callback never
+        resets: yours stays yours), and what the eager baseline's and the plan's steps held at their
+        forward/backward boundary."""
+        if not self._on_gpu:
+            return {}
+        gb = 2.0**30
+        eager, plan = self._memory_high.get(EAGER), self._memory_high.get(COMPILED)
+        return {
+            telemetry.MEMORY_PEAK_GB: torch.cuda.max_memory_allocated(self._memory_device) / gb,
+            telemetry.MEMORY_EAGER_PEAK_GB: eager / gb if eager else None,
+            telemetry.MEMORY_PLAN_PEAK_GB: plan / gb if plan else None,
+        }
 
     def _anatomy(self, eager_ms: float | None, compiled_ms: float | None) -> dict[str, float | None]:
         """Where compile time went (dynamo's own split), cache hits, and when compiling pays back."""
@@ -1027,6 +1051,9 @@ class CompileCallback(Callback):
                 "regions_compiled": int(metrics[telemetry.REGIONS_COMPILED] or 0),
                 "regions_reverted": int(metrics[telemetry.REGIONS_REVERTED] or 0),
                 "padding_waste": metrics.get(telemetry.PADDING_WASTE),
+                "memory_peak_gb": metrics.get(telemetry.MEMORY_PEAK_GB),
+                "memory_eager_peak_gb": metrics.get(telemetry.MEMORY_EAGER_PEAK_GB),
+                "memory_plan_peak_gb": metrics.get(telemetry.MEMORY_PLAN_PEAK_GB),
                 "batches": self._batch_index,
                 "ddp_pieces": int(totals["ddp_pieces"]),
             },
@@ -1063,6 +1090,11 @@ class CompileCallback(Callback):
         assert self.planner is not None
         if self._on_gpu:  # on a CPU the "device" is the host: reading a value there costs nothing extra
             suggestions += host_sync_advice(self._anatomy_ops.host_syncs, self._anatomy_ops.step_host_syncs or 0)
+        memory = self._memory()
+        eager_gb, plan_gb = memory.get(telemetry.MEMORY_EAGER_PEAK_GB), memory.get(telemetry.MEMORY_PLAN_PEAK_GB)
+        if eager_gb and plan_gb and plan_gb < 0.8 * eager_gb and any(d.kept for d in self.planner.decisions):
+            suggestions.append(f"The compiled step holds {plan_gb:.1f} GB against {eager_gb:.1f} GB eager (at the "
+                               f"forward/backward boundary): a larger batch may fit.")
         for region in self.planner.regions:
             if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
                 suggestions.append(

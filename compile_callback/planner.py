@@ -30,7 +30,7 @@ from compile_callback.regions import (
 )
 from compile_callback.report import Decision
 from compile_callback.timing import lower_quartile, median_noise, paired_speedup
-from compile_callback.verify import VerificationResult, cuda_devices, verify_module
+from compile_callback.verify import VerificationResult, cuda_devices, release_device_memory, verify_module
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
@@ -123,6 +123,8 @@ class FixedPlanner:
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
     """Records that a kept region failed at run time and now runs eager."""
     text = torch_internals.describe_error(error)[:300]
+    if isinstance(error, torch.OutOfMemoryError):
+        text = f"out of memory: {release_device_memory()}; {text}"
     mark_not_kept(decisions, region, f"failed at run time, reverted to eager and the call rerun eagerly: {text}")
 
 

@@ -16,6 +16,9 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 # The SPEC's tag names; a contract with users' dashboards.
 SPEEDUP = "compile/speedup"
 SPEEDUP_LOW = "compile/speedup_low"
+MEMORY_PEAK_GB = "compile/memory/peak_gb"
+MEMORY_EAGER_PEAK_GB = "compile/memory/eager_peak_gb"
+MEMORY_PLAN_PEAK_GB = "compile/memory/plan_peak_gb"
 SPEEDUP_HIGH = "compile/speedup_high"
 STEP_TIME_MS = "compile/step_time_ms"
 EAGER_STEP_TIME_MS = "compile/eager_step_time_ms"
@@ -81,6 +84,9 @@ def custom_scalars_layout() -> dict[str, Any]:
         "compile": {
             "speed": ["Multiline", [SPEEDUP, SPEEDUP_LOW, SPEEDUP_HIGH]],
             "step time (ms): compiled vs eager": ["Multiline", [STEP_TIME_MS, EAGER_STEP_TIME_MS]],
+            "memory (GB): fit peak, eager steps, plan's steps": [
+                "Multiline", [MEMORY_PEAK_GB, MEMORY_EAGER_PEAK_GB, MEMORY_PLAN_PEAK_GB]
+            ],
             "compile time (s)": ["Multiline", [COMPILE_TIME_S]],
             "graphs and recompiles": ["Multiline", [GRAPHS, RECOMPILES, RECOMPILES_EPOCH]],
             "graph breaks and eager fallbacks": ["Multiline", [GRAPH_BREAKS, EAGER_FALLBACKS]],

@@ -1,0 +1,98 @@
+"""Verification: per-tensor errors with their scale, the bf16 rule on CPU, and out-of-memory as a fault."""
+
+import lightning as L
+import pytest
+import torch
+from torch._dynamo import register_backend
+
+from compile_callback import CompileCallback
+from compile_callback.verify import _errors
+from tests.conftest import TinyModel, loader, make_trainer
+
+
+def test_a_gradient_the_loss_barely_reaches_is_judged_against_its_kinds_scale():
+    big = torch.randn(1000)
+    tiny = torch.randn(1000) * 1e-9
+    names = ["grad of big", "grad of tiny"]
+    # 10% off relative to its own norm, but 1e-10 absolute where its siblings are ~1: not a disagreement.
+    errors = _errors(names, [big, tiny * 1.1], [big, tiny])
+    assert errors[1].absolute and errors[1].error < 1e-6, errors
+    assert "reference norm" in errors[1].describe() and "grad of tiny" in errors[1].describe()
+    # A meaningful gradient 1% off is judged by its own norm, and named.
+    errors = _errors(names, [big * 1.01, tiny], [big, tiny])
+    assert not errors[0].absolute and errors[0].error == pytest.approx(0.01, rel=1e-3)
+    # A NaN where the reference is finite is a disagreement whatever the scale.
+    broken = tiny.clone()
+    broken[0] = float("nan")
+    assert _errors(names, [big, broken], [big, tiny])[1].error == float("inf")
+
+
+def _perturbed(gm, example_inputs):
+    def run(*args):
+        outputs = gm.forward(*args)
+        return [o * 1.05 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs]
+
+    return run
+
+
+def _oom_on_first_call(gm, example_inputs):
+    calls = {"n": 0}
+
+    def run(*args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return gm.forward(*args)
+
+    return run
+
+
+def _oom_at_compile(gm, example_inputs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB (injected at compile)")
+
+
+for _name, _fn in [("test_verify_perturbed", _perturbed), ("test_oom_first_call", _oom_on_first_call),
+                   ("test_oom_at_compile", _oom_at_compile)]:
+    try:
+        register_backend(compiler_fn=_fn, name=_name)
+    except Exception:
+        pass  # registered already in this process
+
+
+def fit(tmp_path, callbacks, **kwargs):
+    L.seed_everything(5)
+    model = TinyModel()
+    losses = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"]))
+
+    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=kwargs.pop("max_epochs", 3), **kwargs)
+    trainer.fit(model, loader(batch_size=8, shuffle=False))
+    return losses, model, trainer
+
+
+def test_bf16_rule_on_cpu_keeps_a_faithful_compile_and_rejects_a_wrong_one(tmp_path):
+    auto = dict(eager_baseline_steps=4, warmup_steps=1, trial_steps=4, max_trials=1, min_speedup=1.0)
+    good = CompileCallback(backend="aot_eager", **auto)
+    fit(tmp_path / "good", [good], precision="bf16-mixed")
+    decision = good.last_report["decisions"][0]
+    assert decision["max_rel_error"] is not None and "numerics" not in decision["reason"], decision
+    bad = CompileCallback(backend="test_verify_perturbed", **auto)
+    fit(tmp_path / "bad", [bad], precision="bf16-mixed")
+    decision = bad.last_report["decisions"][0]
+    assert not decision["kept"] and "further from fp32 than eager" in decision["reason"], decision
+
+
+@pytest.mark.parametrize("backend", ["test_oom_first_call", "test_oom_at_compile"])
+@pytest.mark.parametrize("regions", ["auto", "model"])
+def test_out_of_memory_reverts_and_the_run_matches_eager(tmp_path, backend, regions):
+    eager_losses, _, _ = fit(tmp_path / "eager", [])
+    callback = CompileCallback(regions, backend=backend, eager_baseline_steps=2, warmup_steps=1, trial_steps=4)
+    losses, model, trainer = fit(tmp_path / "oom", [callback])
+    assert trainer.global_step == 3 * 12 and model.batches_seen == 3 * 12  # no batch skipped or repeated
+    assert losses == pytest.approx(eager_losses, rel=1e-6)
+    reasons = " ".join(d["reason"] for d in callback.last_report["decisions"])
+    assert "out of memory" in reasons and "injected" in reasons, callback.last_report["decisions"]
+    assert not any(d["kept"] for d in callback.last_report["decisions"])
