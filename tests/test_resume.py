@@ -1,0 +1,70 @@
+"""Resuming from a checkpoint: the saved plan is compiled again, at once, without profiling or trials."""
+
+import time
+
+import pytest
+import torch
+
+from compile_callback import CompileCallback, torch_internals
+from tests.conftest import TinyModel, loader, make_trainer
+
+EAGER_SLEEP_S = 0.03
+
+
+class FasterCompiled(TinyModel):
+    """Eager forwards sleep 30 ms; compiled ones do not: dynamo traces with ``is_compiling()`` true, so
+    the graph it makes has no sleep. Compiled (any backend, even "eager") is faster by about 30 ms a
+    step, a margin no loaded machine crosses, so a trial surely keeps the whole model. ``eager_forwards``
+    counts the forwards that ran as Python, not as a compiled graph (the count is not traced either)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eager_forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            self.eager_forwards += 1
+            time.sleep(EAGER_SLEEP_S)
+        return super().forward(x)
+
+
+def auto_callback() -> CompileCallback:
+    return CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=2,
+                           log_every_n_steps=4)
+
+
+def test_the_compiled_forward_skips_the_sleep():
+    """The premise of the model above, on this torch: compiled calls run no Python of the forward."""
+    model = FasterCompiled()
+    x = torch.randn(4, 8)
+    model(x)
+    assert model.eager_forwards == 1
+    model.compile(backend="eager")
+    for _ in range(3):
+        model(x)
+    assert model.eager_forwards == 1 and torch_internals.unique_graphs() == 1
+
+
+def test_resume_compiles_the_saved_plan_without_new_trials(tmp_path):
+    first = auto_callback()
+    trainer = make_trainer(tmp_path, [first], max_epochs=2, enable_checkpointing=True)
+    trainer.fit(FasterCompiled(), loader(batch_size=8))
+    path = trainer.checkpoint_callback.best_model_path
+    decisions = first.last_report["decisions"]
+    kept = [d["region"] for d in decisions if d["kept"]]
+    assert kept == ["model"], decisions  # 30 ms a step faster: kept, and nothing tried after the whole model
+
+    torch._dynamo.reset()  # a new process, as far as dynamo knows: nothing compiled, counters at 0
+    second = auto_callback()
+    model = FasterCompiled()
+    trainer = make_trainer(tmp_path, [second], max_epochs=3, enable_checkpointing=True)
+    trainer.fit(model, loader(batch_size=8), ckpt_path=path)
+    assert model.batches_seen == 12  # the third epoch only
+    assert second.last_report["decisions"] == decisions  # no new profiling, no new trials
+    assert second.planner.profiler is None and second.timer.count("eager") == 0
+    assert [r.name for r in second.planner.regions] == ["model"]
+    assert torch_internals.is_module_compiled(model)
+    # The plan really ran compiled: dynamo made a graph in this fit, and no forward ran as Python.
+    assert torch_internals.unique_graphs() >= 1
+    assert model.eager_forwards == 0
+    assert second.last_report["summary"]["batches"] == 3 * 12
