@@ -1,10 +1,34 @@
+import logging
+
 import pytest
 import torch
+import torch._dynamo.utils as dynamo_utils
 
 from compile_callback.regions import CompileOptions, compile_region, resolve_regions
-from compile_callback.watch import CompileWatch, readable_guard_failure
+from compile_callback.watch import (
+    AT_CALL,
+    COMPREHENSION,
+    DATA_DEPENDENT_BRANCH,
+    NO_RESUME_POINT,
+    UNCLASSIFIED,
+    CompileWatch,
+    RegionCompileStats,
+    graph_break_kind,
+    readable_guard_failure,
+)
 from compile_callback import torch_internals
-from tests.conftest import BreakingBlock, TinyModel
+from tests.conftest import Block, BreakingBlock, TinyModel
+
+log = logging.getLogger(__name__)
+
+
+class LoggingBlock(Block):
+    """A logger call, which dynamo does not trace: it breaks the graph at the call and resumes after it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        log.debug("a call dynamo runs eagerly between two graphs")
+        return torch.relu(y) + x
 
 
 WATCHES = []
@@ -101,3 +125,48 @@ def test_readable_guard_failure_leaves_other_text():
     assert readable_guard_failure("0/0: tensor 'x' requires_grad mismatch. expected requires_grad=0") == (
         "tensor 'x' requires_grad mismatch. expected requires_grad=0"
     )
+
+
+def test_graph_break_kinds_say_which_breaks_dynamos_counter_counts():
+    """counters["graph_break"] holds the break at the logger call, not the data-dependent branch
+    (dynamo counts that in counters["unimplemented"]); graph_breaks holds both, and the kinds say which."""
+    model = TinyModel(block=BreakingBlock)
+    model.blocks[1] = LoggingBlock(16)
+    regions = resolve_regions(model, ["blocks.0", "blocks.1"])
+    for region in regions:
+        compile_region(region, CompileOptions(backend="eager"))
+    breaks_before = torch_internals.graph_break_count()
+    counted_before = sum(dynamo_utils.counters["graph_break"].values())
+    watch = _watch(model, regions)
+    model(torch.randn(4, 8)).sum().backward()
+    watch.collect()
+    counted = sum(dynamo_utils.counters["graph_break"].values()) - counted_before
+    totals = watch.totals()
+    assert totals["graph_breaks"] == torch_internals.graph_break_count() - breaks_before == 2
+    assert totals["graph_breaks_in_dynamo_counter"] == counted == 1
+    assert dict(watch.stats["blocks.0"].graph_break_kinds) == {DATA_DEPENDENT_BRANCH: 1}
+    assert dict(watch.stats["blocks.1"].graph_break_kinds) == {AT_CALL: 1}
+    (branch,) = watch.stats["blocks.0"].graph_break_reasons
+    assert branch.startswith("generic_jump") and "not counters['graph_break']" in branch and "conftest.py" in branch
+    (call,) = watch.stats["blocks.1"].graph_break_reasons
+    assert call.startswith("logging.Logger") and "counters" not in call and "test_watch.py" in call
+
+
+@pytest.mark.parametrize("reason, kind", [
+    ("generic_jump TensorVariable()", DATA_DEPENDENT_BRANCH),
+    ("step_unsupported", NO_RESUME_POINT),
+    ("comprehension_graph_break", COMPREHENSION),
+    ("logging.Logger method not supported for non-export cases", AT_CALL),
+    ("Unsupported context manager", AT_CALL),
+])
+def test_graph_break_kind_from_dynamos_reason(reason, kind):
+    assert graph_break_kind(reason) == kind
+
+
+def test_graph_break_kinds_survive_a_checkpoint_and_old_ones_load():
+    stats = RegionCompileStats(graph_breaks=3)
+    stats.graph_break_kinds.update({AT_CALL: 2, NO_RESUME_POINT: 1})
+    assert RegionCompileStats.from_dict(stats.as_dict()).graph_break_kinds == stats.graph_break_kinds
+    old = {key: value for key, value in stats.as_dict().items() if key != "graph_break_kinds"}
+    loaded = RegionCompileStats.from_dict(old)  # written before kinds were kept
+    assert loaded.graph_breaks == 3 and dict(loaded.graph_break_kinds) == {UNCLASSIFIED: 3}
