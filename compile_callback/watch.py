@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from compile_callback import torch_internals
+from compile_callback.regions import region_name
 from compile_callback.torch_internals import CompileEvent, CompileRecord, GraphBreak
 
 UNATTRIBUTED = "(unattributed)"
@@ -245,7 +246,8 @@ class CompileWatch:
                 if key in self.region_by_module_id:
                     return self.region_by_module_id[key]
                 if fallback is None and key in self.name_by_module_id:
-                    fallback = self.name_by_module_id[key] or "model"
+                    # Named as the planner names regions: a child called `model` is not the whole model.
+                    fallback = region_name(self.name_by_module_id[key])
             frame = frame.f_back
         return fallback
 

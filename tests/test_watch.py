@@ -92,6 +92,23 @@ def test_user_compiled_code_is_named_by_its_module():
     assert watch.stats["embed"].graphs == 1
 
 
+def test_user_compiled_child_called_model_is_not_the_whole_model():
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = TinyModel()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x)
+
+    wrapper = Wrapper()
+    wrapper.model.compile(backend="eager")
+    watch = _watch(wrapper, [])
+    wrapper(torch.randn(3, 8))
+    watch.collect()
+    assert list(watch.stats) == ["self.model"]
+
+
 def test_recompile_limit_hit_is_detected_as_eager_fallback():
     model = TinyModel()
     regions = resolve_regions(model, ["head"])
