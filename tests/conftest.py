@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import glob
 import os
+import time
 
 import lightning as L
 import pytest
@@ -235,3 +236,80 @@ def pad_to_longest(samples):
         labels[row, :n] = sample["labels"]
     return {"input_ids": ids, "labels": labels}
 
+
+class FasterCompiled(TinyModel):
+    """Eager forwards sleep 100 ms; compiled ones do not: dynamo traces with ``is_compiling()`` true, so
+    the graph it makes has no sleep. Compiled with any backend (even "eager") the whole model is faster
+    by 100 ms a step (a step takes a few ms without it), a margin no loaded machine crosses: a trial
+    surely keeps it. ``eager_forwards`` counts the forwards that ran as Python, not as a compiled graph
+    (the count is not traced either)."""
+
+    EAGER_SLEEP_S = 0.1
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.eager_forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            self.eager_forwards += 1
+            time.sleep(self.EAGER_SLEEP_S)
+        return super().forward(x)
+
+
+class _CurrentStderr:
+    """A stream that writes to whatever ``sys.stderr`` is at the moment (capsys replaces it per phase)."""
+
+    def write(self, text: str) -> int:
+        import sys
+
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+
+
+@pytest.fixture
+def lightning_stderr(capsys):
+    """What Lightning's logger prints (``rank_zero_info``: the report table) lands in ``capsys``'s
+    stderr. Lightning gives its logger a stream handler at import, on the ``sys.stderr`` of that moment
+    (under pytest, a capture closed since); meanwhile it writes to the test's ``sys.stderr``."""
+    import logging
+
+    logger = logging.getLogger("lightning.pytorch")
+    handlers = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+    added = None if handlers else logging.StreamHandler(_CurrentStderr())
+    if added is not None:  # the root logger had handlers at import: Lightning's messages propagate there
+        logger.addHandler(added)
+    previous = [h.stream for h in handlers]
+    for handler in handlers:
+        handler.stream = _CurrentStderr()  # not setStream(): it flushes the old stream, which may be closed
+    try:
+        yield capsys
+    finally:
+        for handler, stream in zip(handlers, previous):
+            handler.stream = stream
+        if added is not None:
+            logger.removeHandler(added)
+
+
+def read_layout(log_dir: str) -> list[dict[str, dict[str, list[str]]]]:
+    """Every custom-scalars layout in the event files under ``log_dir`` (TensorBoard's reader and its own
+    layout proto), each as ``{category: {chart: [tags]}}``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+
+    layouts = []
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        accumulator = EventAccumulator(path, size_guidance={"tensors": 0})
+        accumulator.Reload()
+        if metadata.CONFIG_SUMMARY_TAG not in accumulator.Tags().get("tensors", []):
+            continue
+        for event in accumulator.Tensors(metadata.CONFIG_SUMMARY_TAG):
+            layout = layout_pb2.Layout()
+            layout.ParseFromString(event.tensor_proto.string_val[0])
+            layouts.append({category.title: {chart.title: list(chart.multiline.tag) for chart in category.chart}
+                            for category in layout.category})
+    return layouts

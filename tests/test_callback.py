@@ -103,7 +103,13 @@ def test_no_logger_writes_report_to_root_dir(tmp_path):
     callback = fixed(["head"])
     trainer = make_trainer(tmp_path, [callback], logger=False)
     trainer.fit(TinyModel(), loader())
-    assert os.path.exists(tmp_path / "compile_report.json")
+    with open(tmp_path / "compile_report.json") as handle:
+        written = json.load(handle)
+    assert written == json.loads(json.dumps(callback.last_report))  # the whole report, as built at the end of fit
+    assert written["summary"]["batches"] == 12 and written["summary"]["graphs"] == 1
+    (decision,) = written["decisions"]
+    assert (decision["region"], decision["kept"], decision["reason"]) == ("head", True, "named in regions=")
+    assert written["regions"]["head"]["graphs"] == 1
 
 
 def test_report_survives_an_exception_in_user_code(tmp_path):

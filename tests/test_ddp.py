@@ -277,10 +277,19 @@ def test_churn_is_agreed_within_an_epoch_too(tmp_path):
                                eager_baseline_steps=0, warmup_steps=0, log_every_n_steps=4)
     data = torch.utils.data.DataLoader(RankShapedBatches(), batch_size=None)
     trainer = make_trainer(
-        tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2,
+        tmp_path, [callback, RecordReport(str(tmp_path)), RecordPlan(str(tmp_path))], accelerator="cpu", devices=2,
         strategy=DDPStrategy(start_method="spawn"), max_epochs=1,
     )
     trainer.fit(TinyModel(), data)
-    report = json.loads((tmp_path / "report0.json").read_text())
-    batches = [action["batch"] for action in report["churn_actions"]] if "churn_actions" in report else None
-    assert batches and all(batch < 16 for batch in batches), report
+    reports = [json.loads((tmp_path / f"report{rank}.json").read_text()) for rank in (0, 1)]
+    plans = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    # Each rank took the action itself, the same one at the same batch, before the epoch's 16th batch.
+    actions = [[(a["region"], a["policy"], a["action"], a["batch"]) for a in report["churn_actions"]] for report in reports]
+    assert actions[0] and actions[0] == actions[1], actions
+    assert all(batch < 16 and batch % 4 == 0 for *_, batch in actions[0]), actions  # at an agreement point
+    assert [region for region, *_ in actions[0]] == ["model"]
+    for plan in plans:  # reverted on both ranks though only rank 1 churned
+        assert plan["compiled"] == [] and plan["decisions"] == [["model", False, "reverted to eager by on_recompile='eager'"]], plan
+    recompiles = [row["recompiles"] for row in reports[0]["ranks"]]
+    assert recompiles[0] == 0 and recompiles[1] >= 1, reports[0]["ranks"]
+    assert reports[0]["parameters"] == reports[1]["parameters"]  # the ranks trained on together

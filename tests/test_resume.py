@@ -1,32 +1,9 @@
 """Resuming from a checkpoint: the saved plan is compiled again, at once, without profiling or trials."""
 
-import time
-
-import pytest
 import torch
 
 from compile_callback import CompileCallback, torch_internals
-from tests.conftest import TinyModel, loader, make_trainer
-
-EAGER_SLEEP_S = 0.1
-
-
-class FasterCompiled(TinyModel):
-    """Eager forwards sleep 100 ms; compiled ones do not: dynamo traces with ``is_compiling()`` true, so
-    the graph it makes has no sleep. Compiled (any backend, even "eager") is faster by 100 ms a step
-    (a step takes a few ms without it), a margin no loaded machine crosses: a trial surely keeps the
-    whole model, with noise or without. ``eager_forwards``
-    counts the forwards that ran as Python, not as a compiled graph (the count is not traced either)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.eager_forwards = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling():
-            self.eager_forwards += 1
-            time.sleep(EAGER_SLEEP_S)
-        return super().forward(x)
+from tests.conftest import FasterCompiled, loader, make_trainer
 
 
 def auto_callback() -> CompileCallback:
@@ -35,7 +12,7 @@ def auto_callback() -> CompileCallback:
 
 
 def test_the_compiled_forward_skips_the_sleep():
-    """The premise of the model above, on this torch: compiled calls run no Python of the forward."""
+    """The premise of FasterCompiled, on this torch: compiled calls run no Python of the forward."""
     model = FasterCompiled()
     x = torch.randn(4, 8)
     model(x)

@@ -14,7 +14,8 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from compile_callback import CompileCallback
-from tests.conftest import BreakingBlock, TinyModel, loader, make_trainer
+from compile_callback.telemetry import custom_scalars_layout
+from tests.conftest import BreakingBlock, TinyModel, loader, make_trainer, read_layout, read_scalars, read_text
 
 
 def _free_port() -> int:
@@ -75,12 +76,27 @@ def test_tensorboard_server_shows_tags_layout_and_report(tmp_path):
 
 def test_several_loggers_get_scalars_and_only_tensorboard_gets_views(tmp_path):
     callback, trainer = _fit(tmp_path, [TensorBoardLogger(str(tmp_path), name="tb"), CSVLogger(str(tmp_path), name="csv")])
-    csv_files = glob.glob(str(tmp_path / "csv" / "**" / "metrics.csv"), recursive=True)
-    assert csv_files
-    with open(csv_files[0]) as handle:
-        header = next(csv.reader(handle))
-    assert "compile/speedup" in header and "compile/graphs" in header
-    assert os.path.exists(os.path.join(trainer.loggers[0].log_dir, "compile_report.json"))
+    tensorboard_dir, csv_dir = trainer.loggers[0].log_dir, trainer.loggers[1].log_dir
+    # Both get the scalars, at the same steps and values.
+    with open(os.path.join(csv_dir, "metrics.csv")) as handle:
+        rows = list(csv.DictReader(handle))
+    scalars = read_scalars(tensorboard_dir)
+    for tag in ("compile/speedup", "compile/graphs", "compile/graph_breaks", "compile/region/blocks.N/graphs"):
+        in_csv = [(int(row["step"]), float(row[tag])) for row in rows if row.get(tag)]
+        assert in_csv and in_csv == [(step, pytest.approx(value)) for step, value in scalars[tag]], tag
+    # Only TensorBoard gets the views: the custom-scalars layout (whole, once) and the Markdown report
+    # (at each epoch's end and the end of fit). The CSV logger gets no column for them, no file of them.
+    expected = {category: {chart: tags for chart, (_, tags) in charts.items()}
+                for category, charts in custom_scalars_layout().items()}
+    assert read_layout(tensorboard_dir) == [expected]
+    texts = read_text(tensorboard_dir, "compile/report")
+    assert len(texts) == 3 and "### Decisions" in texts[-1]
+    assert not any("report" in column or "custom" in column for column in rows[0]), list(rows[0])
+    assert sorted(os.listdir(csv_dir)) == ["metrics.csv"]
+    assert glob.glob(str(tmp_path / "csv" / "**" / "events.out.tfevents.*"), recursive=True) == []
+    with open(os.path.join(tensorboard_dir, "compile_report.json")) as handle:  # the report file, once, in the first logger's dir
+        assert json.load(handle)["decisions"] == callback.last_report["decisions"]
+    assert not os.path.exists(os.path.join(csv_dir, "compile_report.json"))
 
 
 def test_logger_false_still_reports(tmp_path):
