@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= configs/gpt_tiny.yaml
 ARGS ?=
 
-.PHONY: run test bench-smoke clean
+.PHONY: run test bench-smoke mutate clean
 
 # torch/torchvision are pinned here, not in pyproject.toml: 2.14.1/0.29.1 lie on the CPU machines'
 # local wheel store, while the GPU machine brings its own torch 2.11 (see BENCHMARKING notes).
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks --smoke
+
+# Breaks the package on purpose in a temporary copy, one way at a time, and checks that the tests
+# notice (tests/mutations.py lists the breakages and their tests). Not part of `make test`: minutes.
+mutate: $(STAMP)
+	$(PY) tests/mutations.py
 
 clean:
 	rm -rf $(VENV) runs lightning_logs

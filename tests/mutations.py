@@ -1,0 +1,255 @@
+"""Mutation check: break the package on purpose, one way at a time, and see whether the tests notice.
+
+    make mutate                                  # every mutation below
+    .venv/bin/python tests/mutations.py resume   # only those whose name contains "resume"
+
+Each mutation is a textual edit to one file of a temporary copy of the working tree (the files git
+tracks or would track; no .venv, no .git), together with the tests that exist to catch it. The
+script first runs every listed test on the unmodified copy (a test that fails there proves nothing),
+then, for each mutation, applies it to a fresh copy and runs its tests there with the same Python and
+``PYTHONPATH`` pointing at the copy. An edit whose old text is not found exactly once fails loudly:
+the package moved on and the mutation must be rewritten, it must not pass by changing nothing.
+
+Prints a table (mutation, caught / NOT caught, seconds) and exits non-zero if any mutation was not
+caught, the baseline failed, or a pattern was not found. Not collected by pytest (no ``test_`` name)
+and not part of ``make test``: it runs the listed tests once per mutation (several minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or test files, run in the copy
+
+
+MUTATIONS = [
+    Mutation(
+        name="resume records the saved plan but never compiles it",
+        path="compile_callback/planner.py",
+        old="            compile_region(region, options, on_error=self._failed)\n            self.regions.append(region)\n",
+        new="            self.regions.append(region)\n",
+        tests=("tests/test_resume.py",),
+    ),
+    Mutation(
+        name="a failing compiled call is rerun eagerly twice",
+        path="compile_callback/torch_internals.py",
+        old="            on_error(module, error)\n            return module(*args, **kwargs)\n",
+        new="            on_error(module, error)\n            module(*args, **kwargs)\n            return module(*args, **kwargs)\n",
+        tests=(
+            "tests/test_faults.py::test_a_failing_call_is_rerun_eagerly_once_leaving_the_state_of_an_eager_run",
+            "tests/test_faults.py::test_a_call_failing_after_verification_is_rerun_once_in_an_auto_fit",
+        ),
+    ),
+    Mutation(
+        name="compile/* scalars no longer logged every log_every_n_steps",
+        path="compile_callback/callback.py",
+        old="        if self._batch_index % every == 0:\n            telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)\n",
+        new="",
+        tests=("tests/test_cadence.py",),
+    ),
+    Mutation(
+        name="verification stops restoring buffers",
+        path="compile_callback/verify.py",
+        old="                    buffer.copy_(buffers[name])\n",
+        new="                    pass\n",
+        tests=(
+            "tests/test_auto.py::test_verification_changes_nothing",
+            "tests/test_faults.py::test_a_call_failing_after_verification_is_rerun_once_in_an_auto_fit",
+        ),
+    ),
+    Mutation(
+        name="verify_tolerance is ignored (tolerance by dtype)",
+        path="compile_callback/callback.py",
+        old="                tolerance=self.verify_tolerance,\n",
+        new="                tolerance=None,\n",
+        tests=("tests/test_options.py::test_verify_tolerance_decides_which_error_passes",),
+    ),
+    Mutation(
+        name="report=False still prints the table and writes compile_report.json",
+        path="compile_callback/callback.py",
+        old="        if not self.report:\n            return\n        telemetry.log_report_text",
+        new="        telemetry.log_report_text",
+        tests=("tests/test_options.py::test_report_false_writes_and_prints_nothing",),
+    ),
+    Mutation(
+        name="options= never reaches torch.compile",
+        path="compile_callback/regions.py",
+        old='            kwargs["options"] = dict(self.options)\n',
+        new="            pass\n",
+        tests=("tests/test_options.py::test_options_reach_the_backend",),
+    ),
+    Mutation(
+        name="max_trials is not a limit",
+        path="compile_callback/planner.py",
+        old="            if trials >= self.max_trials:\n",
+        new="            if False:\n",
+        tests=("tests/test_options.py::test_max_trials_stops_the_trials",),
+    ),
+    Mutation(
+        name="pad_short_batch='pad' is not passed to the collate",
+        path="compile_callback/padding.py",
+        old='            short_batch=self.short_batch if batch_size else "keep",\n',
+        new='            short_batch="keep",\n',
+        tests=("tests/test_options.py::test_pad_short_batch_pad_fills_the_last_batch",),
+    ),
+    Mutation(
+        name="the custom-scalars layout is never written",
+        path="compile_callback/telemetry.py",
+        old="        writer.add_custom_scalars(custom_scalars_layout())\n",
+        new="        pass\n",
+        tests=("tests/test_tensorboard.py::test_several_loggers_get_scalars_and_only_tensorboard_gets_views",),
+    ),
+    Mutation(
+        name="under DDP, churn is agreed at epoch ends only",
+        path="compile_callback/callback.py",
+        old='every_rank_here=self.on_recompile != "warn" and self._batch_index % every == 0',
+        new="every_rank_here=False",
+        tests=("tests/test_ddp.py::test_churn_is_agreed_within_an_epoch_too",),
+    ),
+]
+
+
+def source_files() -> list[str]:
+    """The working tree as git sees it: tracked files and untracked ones it does not ignore."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout
+    return [path for path in listed.split("\0") if path and os.path.isfile(os.path.join(ROOT, path))]
+
+
+def make_copy(files: list[str]) -> str:
+    copy = tempfile.mkdtemp(prefix="mutant-")
+    for path in files:
+        target = os.path.join(copy, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, path), target)
+    return copy
+
+
+def check_pattern(copy: str, mutation: Mutation) -> str:
+    """The file's text, if the mutation's old text occurs in it exactly once; else exits, saying so."""
+    with open(os.path.join(copy, mutation.path)) as handle:
+        text = handle.read()
+    count = text.count(mutation.old)
+    if count != 1:
+        raise SystemExit(
+            f"mutation {mutation.name!r}: its old text occurs {count} times in {mutation.path} (expected once). "
+            f"The code moved on: rewrite the mutation in tests/mutations.py.\n--- old text ---\n{mutation.old}"
+        )
+    return text
+
+
+def apply(copy: str, mutation: Mutation) -> None:
+    text = check_pattern(copy, mutation)
+    with open(os.path.join(copy, mutation.path), "w") as handle:
+        handle.write(text.replace(mutation.old, mutation.new))
+
+
+def environment(copy: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = copy + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def check_imports_the_copy(copy: str) -> None:
+    """The venv has the package installed in editable mode (pointing at the real tree): make sure the
+    copy, not the original, is what the tests import."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import compile_callback, tests.conftest; print(compile_callback.__file__); "
+                               "print(tests.conftest.__file__)"],
+        cwd=copy, env=environment(copy), check=True, capture_output=True, text=True,
+    ).stdout.split()
+    outside = [path for path in found if not os.path.realpath(path).startswith(os.path.realpath(copy))]
+    if outside:
+        raise SystemExit(f"the copy at {copy} imports {outside} from outside itself; the mutations would not be seen.")
+
+
+def run_tests(copy: str, tests: tuple[str, ...], timeout: int) -> tuple[bool, float, str]:
+    """Whether the tests passed, how long they took, and the tail of pytest's output."""
+    start = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+            cwd=copy, env=environment(copy), capture_output=True, text=True, timeout=timeout,
+        )
+        passed, output = result.returncode == 0, result.stdout + result.stderr
+        if result.returncode not in (0, 1):  # 2: interrupted, 4: usage error, 5: no tests collected
+            raise SystemExit(f"pytest exited with {result.returncode} on {tests}:\n{output[-3000:]}")
+    except subprocess.TimeoutExpired:
+        passed, output = False, f"timed out after {timeout} s"
+    return passed, time.monotonic() - start, output
+
+
+def first_failure(output: str) -> str:
+    """The failing test and pytest's first ``E`` line: what caught the mutation."""
+    failed = next((line.split(" ", 1)[1].split(" - ")[0] for line in output.splitlines() if line.startswith("FAILED ")), "")
+    error = " ".join([line[1:].strip() for line in output.splitlines() if line.startswith("E ")][:2])
+    return f"{failed.rsplit('::', 1)[-1]}: {error}"[:200] if failed else output.strip().splitlines()[-1][:200]
+
+
+def main(argv: list[str]) -> int:
+    selected = [m for m in MUTATIONS if not argv or any(word in m.name for word in argv)]
+    if not selected:
+        print(f"no mutation's name contains any of {argv}; names: {[m.name for m in MUTATIONS]}")
+        return 2
+    files = source_files()
+    timeout = int(os.environ.get("MUTATE_TIMEOUT_S", "1200"))
+    baseline = make_copy(files)
+    rows: list[tuple[str, str, float]] = []
+    try:
+        check_imports_the_copy(baseline)
+        for mutation in selected:  # every pattern is checked before anything runs
+            check_pattern(baseline, mutation)
+        tests = tuple(dict.fromkeys(t for m in selected for t in m.tests))
+        passed, seconds, tail = run_tests(baseline, tests, timeout)
+        print(f"baseline (no mutation): {'passed' if passed else 'FAILED'} in {seconds:.0f} s", flush=True)
+        if not passed:
+            print("\n".join(tail.strip().splitlines()[-30:]))
+            print("the tests fail without any mutation, so a mutation's failures would prove nothing")
+            return 1
+        for mutation in selected:
+            copy = make_copy(files)
+            try:
+                apply(copy, mutation)
+                passed, seconds, tail = run_tests(copy, mutation.tests, timeout)
+            finally:
+                shutil.rmtree(copy, ignore_errors=True)
+            rows.append((mutation.name, "NOT caught" if passed else "caught", seconds))
+            print(f"  {mutation.name}: {rows[-1][1]} ({seconds:.0f} s)", flush=True)
+            if not passed:
+                print(f"    by {first_failure(tail)}", flush=True)
+    finally:
+        shutil.rmtree(baseline, ignore_errors=True)
+    width = max(len(name) for name, _, _ in rows)
+    print()
+    print(f"| {'mutation':<{width}} | result     | seconds |")
+    print(f"|{'-' * (width + 2)}|------------|---------|")
+    for name, result, seconds in rows:
+        print(f"| {name:<{width}} | {result:<10} | {seconds:>7.0f} |")
+    missed = [name for name, result, _ in rows if result != "caught"]
+    if missed:
+        print(f"\n{len(missed)} mutation(s) NOT caught: {missed}")
+        return 1
+    print(f"\nevery mutation caught ({len(rows)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
