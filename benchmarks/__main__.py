@@ -6,6 +6,10 @@ One command per workload on the H200 (each fits a 10-minute limit, compiling col
     python -m benchmarks --workload resnet50         # ~4-6 min
     python -m benchmarks --workload resnet18_cifar   # ~3-5 min
     python -m benchmarks --workload gpt2_varlen      # ~8 min (3 epochs of 192 steps, 5 of its 7 variants)
+    python -m benchmarks --workload hf_gpt2          # ~4-6 min (Hugging Face GPT2LMHeadModel 124M, B8 x 1024)
+    python -m benchmarks --workload timm_vit         # ~4-6 min (timm vit_base_patch16_224, B64)
+
+    python -m benchmarks --workload hf_gpt2 --memory-cap-gb 14.6   # a smaller card: allocations past 14.6 GiB raise
 
     python -m benchmarks --workload gpt2 --total-steps 1000   # adds the first-1000-steps wall time
     python -m benchmarks --workload resnet18_cifar --variants whole_ro callback
@@ -70,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--total-steps", type=int, default=None,
         help="steps every variant runs (default: what CompileCallback() may spend on trials + --steps); "
-        "1000 also reports the SPEC's first-1000-steps wall time.",
+        "1000 also reports the SPEC's first-1000-steps wall time. A callback variant whose plan froze too late "
+        "for a steady window of --steps frozen-plan steps runs on, up to that budget + --steps more.",
     )
     parser.add_argument(
         "--epochs", type=int, default=None,
@@ -96,8 +101,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile this many step cycles of each Lightning variant (CPU + CUDA) just before the measured "
         "window and write <workload>-<variant>-trace.md: wall against GPU busy time, waits, top kernels.",
     )
+    parser.add_argument(
+        "--memory-cap-gb", type=float, default=None, metavar="GB",
+        help="cap this process's CUDA memory at GB GiB (torch.cuda.set_per_process_memory_fraction), as on a "
+        "smaller or fuller card: an allocation past it raises OutOfMemoryError. CUDA only.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.memory_cap_gb is not None and not (args.memory_cap_gb > 0 and math.isfinite(args.memory_cap_gb)):
+        parser.error(f"--memory-cap-gb must be a positive number of GiB; got {args.memory_cap_gb}.")
     if args.trace_steps < 0:
         parser.error(f"--trace-steps must be 0 or more; got {args.trace_steps}.")
     for name in ("steps", "total_steps", "epochs", "planned_steps"):
@@ -153,7 +165,10 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
             raise ValueError(
                 f"--total-steps ({total}) must be at least --steps ({measured}) + --trace-steps ({args.trace_steps})."
             )
-    planned = max(args.planned_steps or 5000, total)
+    # A callback variant whose plan froze later than the budget says (more trials, longer eager
+    # windows) runs on until its steady window holds only frozen-plan steps, up to this many.
+    longest = total + budget + measured if epoch_steps is None else total
+    planned = max(args.planned_steps or 5000, longest)
     return RunSettings(
         device=device,
         smoke=args.smoke,
@@ -166,6 +181,7 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         seed=args.seed,
         trace_steps=args.trace_steps,
         trace_dir=out,
+        longest_steps=longest,
     )
 
 
@@ -185,8 +201,35 @@ def output_stem(out: str, workload: str, *, smoke: bool) -> str:
     return os.path.join(out, f"{workload}{'-smoke' if smoke else ''}-{date}")
 
 
+def apply_memory_cap(cap_gb: float, device: torch.device) -> dict[str, Any]:
+    """Caps the CUDA caching allocator at ``cap_gb`` GiB of the device, for the whole process.
+
+    Returns:
+        What the result records: the cap, the fraction given to torch, the device's memory.
+
+    Raises:
+        ValueError: not on a CUDA device, or a cap above the device's memory.
+    """
+    if device.type != "cuda":
+        raise ValueError(
+            f"--memory-cap-gb {cap_gb:g} needs a CUDA device (it caps torch.cuda's allocator with "
+            "set_per_process_memory_fraction); this machine has none: drop the option, or run on a GPU."
+        )
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = cap_gb * 2**30 / total
+    if fraction > 1:
+        raise ValueError(
+            f"--memory-cap-gb {cap_gb:g} is more than the device's {total / 2**30:.1f} GiB; ask for less."
+        )
+    # Allocations past the cap raise torch.OutOfMemoryError as on a card that small (issue 19).
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return {"memory_cap_gb": cap_gb, "memory_fraction": fraction, "device_memory_gb": total / 2**30}
+
+
 def new_result(
-    args: argparse.Namespace, command: str, workload: Workload, variant_names: list[str], settings: RunSettings
+    args: argparse.Namespace, command: str, workload: Workload, variant_names: list[str], settings: RunSettings,
+    memory_cap: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result file's header: what ran, where, how; the records follow."""
     return {
@@ -199,6 +242,7 @@ def new_result(
         "settings": {
             "precision": precision(settings.device),
             "total_steps": settings.total_steps,
+            "longest_callback_steps": settings.longest_steps,
             "measured_steps": settings.measured_steps,
             "planned_steps": settings.planned_steps,
             "epoch_steps": settings.epoch_steps,
@@ -209,6 +253,8 @@ def new_result(
             "compile_caches": "disabled: every variant compiles cold",
             "cudnn_attention": workload.cudnn_attention,
             "seed": args.seed,
+            "memory_cap_gb": None,
+            **(memory_cap or {}),
         },
         "variants": variant_names,
         "records": [],
@@ -237,6 +283,7 @@ def run(args: argparse.Namespace, command: str) -> int:
                 None if args.smoke else DEFAULT_VARIANTS[workload_name],
             )
             plans.append((workload_name, variant_names, settings))
+        memory_cap = apply_memory_cap(args.memory_cap_gb, device) if args.memory_cap_gb is not None else None
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -245,7 +292,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         workload = make_workload(workload_name, smoke=args.smoke, device=device, seed=args.seed)
         if args.no_cudnn_attention:
             workload.cudnn_attention = False
-        result = new_result(args, command, workload, variant_names, settings)
+        result = new_result(args, command, workload, variant_names, settings, memory_cap)
         stem = output_stem(out, workload_name, smoke=args.smoke)
 
         def save(records: list[dict[str, Any]]) -> None:
