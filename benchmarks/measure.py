@@ -51,6 +51,11 @@ class StepMeter:
             ``total_steps`` is always one of them.
         count_tokens: ``batch -> (real tokens, all tokens)`` for token throughput and padding waste;
             called after the step's end is marked, so its work is not timed.
+        settled: ``() -> bool``, asked after each step until it says True: whether that step ran the
+            variant's final setup (a CompileCallback's frozen plan). The steady window is then the last
+            ``measured_steps`` of the settled steps: a run that has not had that many by
+            ``total_steps`` goes on, up to ``longest_steps``. None: every step counts as settled.
+        longest_steps: the most steps a run waiting for ``settled`` may take (default ``total_steps``).
 
     Example:
         >>> meter = StepMeter(torch.device("cpu"), total_steps=10, measured_steps=5)
@@ -68,9 +73,13 @@ class StepMeter:
         epoch_steps: int | None = None,
         wall_steps: Sequence[int] = (1000,),
         count_tokens: Callable[[Any], TokenCount] | None = None,
+        settled: Callable[[], bool] | None = None,
+        longest_steps: int | None = None,
     ) -> None:
         if not 1 <= measured_steps <= total_steps:
             raise ValueError(f"measured_steps must be in 1..total_steps={total_steps}; got {measured_steps}.")
+        if longest_steps is not None and longest_steps < total_steps:
+            raise ValueError(f"longest_steps must be at least total_steps={total_steps}; got {longest_steps}.")
         self.device = device
         self.use_events = device.type == "cuda"
         self.total_steps = total_steps
@@ -78,6 +87,9 @@ class StepMeter:
         self.epoch_steps = epoch_steps or total_steps
         self.wall_steps = sorted({s for s in wall_steps if s <= total_steps} | {total_steps})
         self.count_tokens = count_tokens
+        self.settled = settled
+        self.longest_steps = longest_steps or total_steps
+        self.settled_at: int | None = None if settled is not None else 1  # the first settled step (1-based)
         self.steps = 0
         self._started_at: Any = None
         self._spans: list[tuple[Any, Any]] = []  # (start, end) time marks of each step
@@ -102,6 +114,8 @@ class StepMeter:
         self._spans.append((self._started_at, time_mark(self.use_events)))
         self._started_at = None
         self.steps += 1
+        if self.settled_at is None and self.settled is not None and self.settled():
+            self.settled_at = self.steps
         if self.count_tokens is not None and batch is not None:
             self._tokens.append(self.count_tokens(batch))
         if self.steps % self.epoch_steps == 0:
@@ -109,11 +123,22 @@ class StepMeter:
         if self.steps in self.wall_steps:
             synchronize(self.device)
             self._wall_s[self.steps] = time.perf_counter() - self._t0
-        done = self.steps >= self.total_steps
+        done = self._done()
         if done and loss is not None:
             # Read now: a CUDA-graph output is overwritten by the next replay.
             self.final_loss = float(loss.detach().float())
         return done
+
+    def _done(self) -> bool:
+        if self.steps >= self.longest_steps:
+            return True
+        if self.steps < self.total_steps:
+            return False
+        return self.settled_at is not None and self.steps - self.settled_at + 1 >= self.measured_steps
+
+    def window_settled(self) -> bool:
+        """Whether every step of the steady window ran after :attr:`settled` turned true."""
+        return self.settled_at is not None and self.settled_at <= self.steps - self.measured_steps + 1
 
     def step_ms(self) -> list[float]:
         synchronize(self.device)
@@ -135,6 +160,8 @@ class StepMeter:
             "final_loss": self.final_loss,
             "recompiles_per_epoch": _per_epoch(self._recompiles_at_epoch_end),
             "step_ms_all": [round(ms, 3) for ms in step_ms],
+            "settled_at_step": self.settled_at,
+            "window_settled": self.window_settled(),
         }
         if self._tokens:
             real = _to_ints([t[0] for t in self._tokens])

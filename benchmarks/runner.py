@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
+from benchmarks.checks import add_checks
 from benchmarks.measure import StepEnd, StepMeter, StepStart, mfu, speedup
 from benchmarks.trace import StepTrace
 from benchmarks.variants import (
@@ -53,6 +54,8 @@ class RunSettings:
         seed: seeds the weights (already made) and each variant's RNG.
         trace_steps: step cycles traced under ``torch.profiler`` just before the measured window
             (Lightning variants; :mod:`benchmarks.trace`), written to ``trace_dir``; 0: none.
+        longest_steps: the most steps a callback variant may run so that its steady window holds only
+            steps after its plan froze (fixed shapes; None: ``total_steps``, the window is only checked).
     """
 
     device: torch.device
@@ -66,6 +69,7 @@ class RunSettings:
     seed: int = 0
     trace_steps: int = 0
     trace_dir: str = "."
+    longest_steps: int | None = None
 
 
 def precision(device: torch.device) -> str:
@@ -115,6 +119,7 @@ def _run_variants(
         records.append(record)
         print(f"[benchmarks] {workload.name}: {name} {_one_line(record)}", file=sys.stderr, flush=True)
         add_speedups(records, by_throughput=workload.cycle_length is not None)
+        add_checks(records, by_throughput=workload.cycle_length is not None)
         if on_record is not None:
             on_record(records)
     return records
@@ -180,16 +185,21 @@ def _train_and_measure(
         module = workload.build_module()
     module.load_state_dict(state)
     apply_progress_bar_loss(variant, module)
-    loader = workload.train_loader(settings.epoch_steps or settings.total_steps, pad_to_max=variant.pad_to_max)
+    callback = make_callback(variant, smoke=settings.smoke) if variant.callback is not None else None
+    # The callback variant's steady window must hold its frozen plan only: it runs on past total_steps
+    # (fixed shapes; up to longest_steps) until it does. Variable lengths keep whole epochs.
+    longest = settings.longest_steps if callback is not None and settings.epoch_steps is None else None
     meter = StepMeter(
         device,
         total_steps=settings.total_steps,
         measured_steps=settings.measured_steps,
         epoch_steps=settings.epoch_steps,
         count_tokens=workload.count_tokens,
+        settled=(lambda: plan_frozen(callback) is True) if callback is not None else None,
+        longest_steps=longest,
     )
+    loader = workload.train_loader(settings.epoch_steps or meter.longest_steps, pad_to_max=variant.pad_to_max)
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
-    callback = make_callback(variant, smoke=settings.smoke) if variant.callback is not None else None
     if variant.lightning:
         _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
     else:
@@ -199,6 +209,11 @@ def _train_and_measure(
     if callback is not None:
         record["callback_options"] = callback_options(variant, smoke=settings.smoke)
     record.update(meter.result())
+    if callback is None:  # every step of a variant without a plan is a steady one
+        record.pop("settled_at_step"), record.pop("window_settled")
+    else:
+        record["plan_frozen_at_step"] = record.pop("settled_at_step")
+        record["window_after_plan_frozen"] = record.pop("window_settled")
     counts = dynamo_counts.counts_since(start)
     record["compile_s_dynamo"] = counts.pop("compile_s")
     record["compile_s"] = record["compile_s_dynamo"]
@@ -227,6 +242,12 @@ def _train_and_measure(
     record["mfu"] = mfu(record.get("tokens_per_s"), workload.flops_per_token, settings.peak_flops)
     record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return record
+
+
+def plan_frozen(callback: Any) -> bool | None:
+    """Whether the CompileCallback's plan is frozen (its trials over), None where it has no planner yet."""
+    frozen = getattr(getattr(callback, "planner", None), "frozen", None)
+    return None if frozen is None else bool(frozen)
 
 
 class LoaderData(LightningDataModule):
@@ -331,4 +352,7 @@ def _one_line(record: dict[str, Any]) -> str:
         f"median {record['median_ms']:.2f} ms, p90 {record['p90_ms']:.2f} ms, "
         f"wall {record['wall_first_steps_s']:.1f} s, compile {record['compile_s']:.1f} s, "
         f"graphs {record['graphs']}, recompiles {record['recompiles']}, breaks {record['graph_breaks']}"
+        + (f", peak {record['peak_memory_gb']:.2f} GB" if record.get("peak_memory_gb") is not None else "")
+        + (f", plan frozen at step {record['plan_frozen_at_step']} of {record['steps_run']}"
+           if "plan_frozen_at_step" in record else "")
     )

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks import checks
 from benchmarks.measure import speedup as ratio
 
 MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured", "n/a"
@@ -40,16 +41,52 @@ def records_by_variant(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {record["variant"]: record for record in result.get("records", [])}
 
 
+def _by_throughput(result: dict[str, Any]) -> bool:
+    return result["workload"].endswith("varlen")
+
+
+def record_checks(result: dict[str, Any], record: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """A callback variant's telemetry error, best-anchor and memory checks: as its record holds them,
+    else worked out from the run's records (results written before the record had them)."""
+    records = records_by_variant(result)
+    by_throughput = _by_throughput(result)
+    return {
+        "telemetry_error": record.get("telemetry_error")
+        or checks.telemetry_error(record, records, by_throughput=by_throughput),
+        "versus_best_anchor": record.get("versus_best_anchor")
+        or checks.versus_best_anchor(record, records, by_throughput=by_throughput),
+        "memory_check": record.get("memory_check") or checks.memory_check(record, records),
+    }
+
+
+def _passed(value: bool | None) -> str:
+    return "" if value is None else f" ({MET})" if value else f" ({NOT_MET})"
+
+
+def telemetry_cell(check: dict[str, Any] | None) -> str:
+    if not check or check.get("error") is None:
+        return "–"
+    return f"{check['error'] * 100:+.1f}%{_passed(check.get('passed'))}"
+
+
+def anchor_cell(check: dict[str, Any] | None) -> str:
+    if not check or check.get("ratio") is None:
+        return "–"
+    return f"{check['ratio']:.3f}× {check['best']}{_passed(check.get('passed'))}"
+
+
 # -- one workload ------------------------------------------------------------------------------------
 def render_table(result: dict[str, Any]) -> str:
     """The workload's table: one row per variant."""
     varlen = result["workload"].endswith("varlen")
-    language = result["workload"].startswith("gpt")
+    language = any("tokens_per_s" in record for record in result.get("records", []))
     total = result.get("settings", {}).get("total_steps")
     throughput = "real tokens/s" if varlen else "tokens/s" if language else "images/s"
     columns = [
         "variant", "median ms", "p90 ms", "speedup vs eager", f"first {total} steps wall s", "compile s",
-        "graphs", "recompiles", "graph breaks", throughput, "MFU",
+        "graphs", "recompiles", "graph breaks", throughput, "MFU", "peak GB", "reported speedup",
+        f"telemetry error (±{checks.TELEMETRY_TOLERANCE:.0%})",
+        f"vs best of {' / '.join(checks.ANCHORS)} (≥ −{checks.ANCHOR_MARGIN:.0%})",
     ]
     if varlen:
         columns += ["recompiles after epoch 1", "padding waste"]
@@ -61,6 +98,8 @@ def render_table(result: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
             continue
         rate = record.get("tokens_per_s") if language else record.get("samples_per_s")
+        checked = record_checks(result, record)
+        reported = ((record.get("callback") or {}).get("summary") or {}).get("speedup")
         cells = [
             record["variant"],
             _number(record.get("median_ms"), ".2f"),
@@ -73,6 +112,10 @@ def render_table(result: dict[str, Any]) -> str:
             _number(record.get("graph_breaks"), "d"),
             _number(rate, ",.0f"),
             _percent(record.get("mfu")),
+            _number(record.get("peak_memory_gb"), ".2f"),
+            _number(reported, ".3f", "×"),
+            telemetry_cell(checked["telemetry_error"]),
+            anchor_cell(checked["versus_best_anchor"]),
         ]
         if varlen:
             cells += [_number(record.get("recompiles_after_first_epoch"), "d"), _percent(record.get("padding_waste"))]
@@ -113,6 +156,7 @@ def render_notes(result: dict[str, Any]) -> str:
     for record in result.get("records", []):
         callback = record.get("callback")
         if callback:
+            notes += render_checks(result, record)
             notes.append(f"- `{record['variant']}` decisions:")
             for decision in callback.get("decisions", []):
                 kept = "kept" if decision.get("kept") else "reverted"
@@ -133,6 +177,54 @@ def render_notes(result: dict[str, Any]) -> str:
             for item in record.get(key) or []:
                 notes.append(f"- `{record['variant']}` {label}: {item['count']} × {_cell(item['reason'])}")
     return "\n".join(notes)
+
+
+def render_checks(result: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    """A callback variant's telemetry error, best anchor, memory and steady window, one line each."""
+    name = record["variant"]
+    checked = record_checks(result, record)
+    lines = []
+    telemetry = checked["telemetry_error"]
+    if telemetry:
+        lines.append(
+            f"- `{name}` telemetry: reported `compile/speedup` {_number(telemetry.get('reported'), '.3f', '×')} against "
+            f"the harness's {_number(telemetry.get('harness'), '.3f', '×')} (`{telemetry.get('baseline')}` over "
+            f"`{name}`, {telemetry.get('basis')}): error {telemetry_cell(telemetry)}, tolerance "
+            f"±{telemetry.get('tolerance', checks.TELEMETRY_TOLERANCE):.0%}"
+        )
+    anchor = checked["versus_best_anchor"]
+    if anchor:
+        lines.append(
+            f"- `{name}` against the best of {', '.join(anchor.get('anchors') or []) or 'no anchor that ran'}: "
+            f"{anchor_cell(anchor)} (at least {1 - anchor.get('margin', checks.ANCHOR_MARGIN):.2f}× passes)"
+        )
+    memory = checked["memory_check"]
+    if memory:
+        if memory.get("peak_gb") is None:
+            lines.append(f"- `{name}` memory: not measured (no CUDA memory statistics on this device)")
+        else:
+            lines.append(
+                f"- `{name}` memory: peak {_number(memory.get('peak_gb'), '.2f', ' GB')} against "
+                f"{memory.get('factor', checks.MEMORY_FACTOR)} × max(eager {_number(memory.get('eager_peak_gb'), '.2f', ' GB')}, "
+                f"kept plan {_number(memory.get('plan_peak_gb'), '.2f', ' GB')}) = {_number(memory.get('limit_gb'), '.2f', ' GB')}"
+                f"{_passed(memory.get('passed'))}; plan {memory.get('plan')}, its peak from {memory.get('plan_peak_source')}"
+            )
+        reported = [(label, memory.get(key)) for label, key in (
+            ("peak", "reported_peak_gb"), ("eager peak", "reported_eager_peak_gb"), ("plan peak", "reported_plan_peak_gb"))]
+        if any(value is not None for _, value in reported):
+            lines.append(f"  - the callback's own memory figures: "
+                         + ", ".join(f"{label} {_number(value, '.2f', ' GB')}" for label, value in reported))
+    if record.get("window_after_plan_frozen") is False:
+        lines.append(
+            f"- `{name}`: **the steady window holds steps before the plan froze** (frozen at step "
+            f"{record.get('plan_frozen_at_step')} of {record.get('steps_run')}): run with a larger --total-steps"
+        )
+    elif record.get("plan_frozen_at_step") is not None:
+        lines.append(
+            f"- `{name}`: plan frozen at step {record['plan_frozen_at_step']}; the steady window is steps "
+            f"{record['steps_run'] - record['steps_measured'] + 1}–{record['steps_run']} of {record['steps_run']}"
+        )
+    return lines
 
 
 def render_anatomy(anatomy: dict[str, Any]) -> str:
@@ -163,8 +255,9 @@ def render_result(result: dict[str, Any]) -> str:
         "",
         f"{result.get('description', '')}. {result.get('device')}, torch {result.get('torch')}, "
         f"lightning {result.get('lightning')}, {settings.get('precision')}, {result.get('date')}. "
-        f"Every variant ran {settings.get('total_steps')} steps; median and p90 over the last "
-        f"{settings.get('measured_steps')}; the Trainer planned for {settings.get('planned_steps')} steps.",
+        f"Every variant ran {settings.get('total_steps')} steps{render_longer_runs(result)}; median and p90 over the last "
+        f"{settings.get('measured_steps')}; the Trainer planned for {settings.get('planned_steps')} steps."
+        f"{render_memory_cap(settings)}",
         "",
         render_table(result),
     ]
@@ -172,6 +265,26 @@ def render_result(result: dict[str, Any]) -> str:
     if notes:
         lines += ["", notes]
     return "\n".join(lines) + "\n"
+
+
+def render_longer_runs(result: dict[str, Any]) -> str:
+    """Which callback variants ran past ``total_steps`` so that their steady window followed the plan's freeze."""
+    total = result.get("settings", {}).get("total_steps")
+    longer = [f"`{r['variant']}` {r['steps_run']}" for r in result.get("records", [])
+              if isinstance(total, int) and isinstance(r.get("steps_run"), int) and r["steps_run"] > total]
+    if not longer:
+        return ""
+    return f" ({', '.join(longer)}: run on until the steady window held only steps after the plan froze)"
+
+
+def render_memory_cap(settings: dict[str, Any]) -> str:
+    cap = settings.get("memory_cap_gb")
+    if cap is None:
+        return ""
+    return (
+        f" CUDA memory capped at {cap:g} GiB (`set_per_process_memory_fraction({settings.get('memory_fraction', 0):.4f})` "
+        f"of {_number(settings.get('device_memory_gb'), '.1f')} GiB)."
+    )
 
 
 # -- targets -------------------------------------------------------------------------------------------
@@ -246,10 +359,54 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     drift_text = f" (eager drifted {drift - 1:+.1%} by the run's end)" if drift is not None else ""
     add("callback never slower than eager", _number(speedup, ".3f", "×") + drift_text,
         None if speedup is None else speedup >= 1.0)
+    verdicts.extend(_check_verdicts(result, callback, invalid, drift, order))
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
         verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, drift, order))
+    return verdicts
+
+
+def _check_verdicts(
+    result: dict[str, Any], callback: dict[str, Any] | None, invalid: str | None, drift: float | None,
+    order: Sequence[str],
+) -> list[Verdict]:
+    """Issue 20's telemetry error and best-anchor targets and issue 19's memory target, for ``callback``."""
+    workload = result["workload"]
+    checked = record_checks(result, callback) if callback else {}
+    telemetry = checked.get("telemetry_error") or {}
+    anchor = checked.get("versus_best_anchor") or {}
+    memory = checked.get("memory_check") or {}
+    verdicts = []
+
+    passed = telemetry.get("passed")
+    measured = (
+        f"{_number(telemetry.get('reported'), '.3f', '×')} reported vs {_number(telemetry.get('harness'), '.3f', '×')} "
+        f"harness: {telemetry_cell({**telemetry, 'passed': None})}"
+    ) if telemetry else "–"
+    # The harness's A/B compares two variants that ran at different times: only as good as the host.
+    unsteady = drift_verdict(drift) if passed is not None else None
+    verdicts.append(Verdict(
+        workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
+        measured, invalid or unsteady or _verdict(passed)))
+
+    passed = anchor.get("passed")
+    best = anchor.get("best")
+    measured = f"{_number(anchor.get('ratio'), '.3f', '×')} of {best}" if best else "–"
+    unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
+    verdicts.append(Verdict(
+        workload, f"callback ≥ best of {' / '.join(checks.ANCHORS)} − {checks.ANCHOR_MARGIN:.0%}", measured,
+        invalid or unsteady or _verdict(passed)))
+
+    passed = memory.get("passed")
+    measured = (
+        f"{_number(memory.get('peak_gb'), '.2f', ' GB')} vs {_number(memory.get('limit_gb'), '.2f', ' GB')} "
+        f"(eager {_number(memory.get('eager_peak_gb'), '.2f')}, plan {_number(memory.get('plan_peak_gb'), '.2f')}: "
+        f"{memory.get('plan_peak_source')})"
+    ) if memory.get("peak_gb") is not None else "–"
+    verdicts.append(Verdict(
+        workload, f"callback peak memory ≤ {checks.MEMORY_FACTOR} × max(eager, kept plan)", measured,
+        invalid or _verdict(passed)))
     return verdicts
 
 
@@ -409,7 +566,7 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
     return [chosen[key] for key in sorted(order, key=lambda key: (_workload_rank(key[0]), order.index(key)))]
 
 
-WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen")
+WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "timm_vit")
 
 
 def _workload_rank(workload: str) -> int:

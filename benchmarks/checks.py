@@ -1,0 +1,185 @@
+"""What a callback variant is held to against the harness's own measurements (issues 19 and 20).
+
+- **Telemetry error**: the callback's reported ``compile/speedup`` (its report's ``summary["speedup"]``)
+  against the harness's A/B, the ``eager`` variant's steady median over the callback variant's, both
+  timed by the harness's :class:`~benchmarks.measure.StepMeter`, never by the callback. Within
+  :data:`TELEMETRY_TOLERANCE` passes.
+- **Best whole-model anchor**: the callback's step against the fastest of eager, whole-model compile
+  and whole-model ``reduce-overhead`` in the same run; at least ``1 -`` :data:`ANCHOR_MARGIN` of its
+  speed passes.
+- **Memory**: the callback variant's peak (``torch.cuda.max_memory_allocated`` over its whole fit,
+  trials included) against :data:`MEMORY_FACTOR` x max(eager's peak, the kept plan's peak). The plan's
+  peak is the callback's own ``memory_plan_peak_gb`` where its report has one; else the peak of the
+  variant that runs the same plan (``whole`` or ``whole_ro``), a proxy the result says it used.
+
+Variable-length workloads compare real tokens/s instead of median step times. Each check returns a
+plain dict for the record (None where the variant is no callback variant); the runner stores it, the
+table renders it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.measure import speedup as ratio
+from benchmarks.variants import VARIANTS
+from compile_callback import regions as callback_regions
+
+TELEMETRY_TOLERANCE = 0.05  # issue 20: the reported speedup within ±5% of the harness's A/B
+ANCHOR_MARGIN = 0.02  # issue 20: the callback at least as fast as the best anchor, minus 2%
+MEMORY_FACTOR = 1.05  # issue 19: peak ≤ 1.05 x max(eager, kept plan)
+ANCHORS = ("eager", "whole", "whole_ro")
+# A callback variant run another way than plain `callback` is compared with the variants run that way.
+EAGER_OF = {"callback_pbar": "eager_pbar"}
+ANCHORS_OF = {"callback_pbar": ("eager_pbar", "whole_pbar")}
+# The root region's name in the callback's decisions (``compile_callback.regions.MODEL``).
+WHOLE_MODEL = getattr(callback_regions, "MODEL", "model")
+
+
+def is_callback_variant(name: str) -> bool:
+    variant = VARIANTS.get(name)
+    return variant is not None and variant.callback is not None
+
+
+def _ok(records: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    record = records.get(name)
+    return record if record is not None and record.get("status") == "ok" else None
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    return (record.get("callback") or {}).get("summary") or {}
+
+
+def harness_speedup(record: dict[str, Any], baseline: dict[str, Any], *, by_throughput: bool) -> float | None:
+    """How much faster ``record`` ran than ``baseline`` by the harness's clocks: median step times, or
+    real tokens/s where shapes vary."""
+    if by_throughput:
+        return ratio(record.get("tokens_per_s"), baseline.get("tokens_per_s"))
+    return ratio(baseline.get("median_ms"), record.get("median_ms"))
+
+
+def telemetry_error(
+    record: dict[str, Any], records: dict[str, dict[str, Any]], *, by_throughput: bool
+) -> dict[str, Any] | None:
+    """The callback's reported speedup against the harness's A/B, as a relative error.
+
+    Returns:
+        ``reported``, ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
+        used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); None for a
+        variant without a callback.
+    """
+    if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
+        return None
+    baseline_name = EAGER_OF.get(record["variant"], "eager")
+    baseline = _ok(records, baseline_name)
+    reported = _summary(record).get("speedup")
+    harness = harness_speedup(record, baseline, by_throughput=by_throughput) if baseline else None
+    error = reported / harness - 1.0 if isinstance(reported, (int, float)) and harness else None
+    return {
+        "reported": reported,
+        "harness": harness,
+        "error": error,
+        "baseline": baseline_name,
+        "basis": "real tokens/s" if by_throughput else "median step time",
+        "tolerance": TELEMETRY_TOLERANCE,
+        "passed": None if error is None else abs(error) <= TELEMETRY_TOLERANCE,
+    }
+
+
+def versus_best_anchor(
+    record: dict[str, Any], records: dict[str, dict[str, Any]], *, by_throughput: bool
+) -> dict[str, Any] | None:
+    """The callback's speed as a share of the fastest anchor's (1.0: as fast; above: faster).
+
+    Returns:
+        ``best`` (the anchor's name), ``ratio``, ``anchors`` (those that ran), ``margin`` and ``passed``
+        (ratio ≥ 1 - margin; None without an anchor); None for a variant without a callback.
+    """
+    if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
+        return None
+    names = ANCHORS_OF.get(record["variant"], ANCHORS)
+    speeds = {}
+    for name in names:
+        anchor = _ok(records, name)
+        if anchor is not None:
+            value = harness_speedup(record, anchor, by_throughput=by_throughput)
+            if value is not None:
+                speeds[name] = value
+    if not speeds:
+        return {"best": None, "ratio": None, "anchors": list(names), "margin": ANCHOR_MARGIN, "passed": None}
+    best = min(speeds, key=speeds.__getitem__)  # the anchor the callback is least ahead of
+    return {
+        "best": best,
+        "ratio": speeds[best],
+        "anchors": sorted(speeds, key=names.index),
+        "margin": ANCHOR_MARGIN,
+        "passed": speeds[best] >= 1.0 - ANCHOR_MARGIN,
+    }
+
+
+def kept_plan(record: dict[str, Any]) -> tuple[str, str]:
+    """What the callback ended with, from its decisions: ``("eager", ...)``, ``("whole", mode)`` or
+    ``("partial", the kept regions)``."""
+    kept = [d for d in (record.get("callback") or {}).get("decisions") or [] if d.get("kept")]
+    if not kept:
+        return "eager", "nothing kept"
+    whole = [d for d in kept if WHOLE_MODEL in str(d.get("region", "")).split("+")]
+    if whole:
+        modes = {d.get("mode") or "default" for d in whole}
+        return "whole", "reduce-overhead" if "reduce-overhead" in modes else "default"
+    return "partial", ", ".join(f"{d.get('region')} ({d.get('mode')})" for d in kept)
+
+
+def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The callback variant's peak against ``MEMORY_FACTOR`` x max(eager's, the kept plan's).
+
+    Returns:
+        ``peak_gb`` (the harness's), ``eager_peak_gb``, ``plan``, ``plan_peak_gb``, ``plan_peak_source``,
+        ``limit_gb``, ``passed`` (None where a peak is missing: no CUDA), and what the callback
+        reported of its own (``reported_*``, None where its summary has no memory keys); None for a
+        variant without a callback.
+    """
+    if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
+        return None
+    summary = _summary(record)
+    eager = _ok(records, EAGER_OF.get(record["variant"], "eager")) or {}
+    eager_peak = eager.get("peak_memory_gb")
+    kind, detail = kept_plan(record)
+    plan_peak, source = summary.get("memory_plan_peak_gb"), "the callback's report (compile/memory/plan_peak_gb)"
+    if plan_peak is None:
+        if kind == "eager":
+            plan_peak, source = eager_peak, "the plan is eager: eager's peak"
+        elif kind == "whole":
+            proxy = "whole_ro" if detail == "reduce-overhead" else "whole"
+            plan_peak = (_ok(records, proxy) or {}).get("peak_memory_gb")
+            source = f"proxy: the `{proxy}` variant's peak (the same plan, compiled by model.compile())"
+        else:
+            source = f"no proxy for a partial plan ({detail}): eager's peak alone"
+    known = [value for value in (eager_peak, plan_peak) if isinstance(value, (int, float))]
+    limit = MEMORY_FACTOR * max(known) if known else None
+    peak = record.get("peak_memory_gb")
+    return {
+        "peak_gb": peak,
+        "eager_peak_gb": eager_peak,
+        "plan": f"{kind} ({detail})" if kind != "eager" else "eager",
+        "plan_peak_gb": plan_peak,
+        "plan_peak_source": source,
+        "limit_gb": limit,
+        "factor": MEMORY_FACTOR,
+        "passed": None if peak is None or limit is None else peak <= limit,
+        "reported_peak_gb": summary.get("memory_peak_gb"),
+        "reported_eager_peak_gb": summary.get("memory_eager_peak_gb"),
+        "reported_plan_peak_gb": summary.get("memory_plan_peak_gb"),
+    }
+
+
+def add_checks(records: list[dict[str, Any]], *, by_throughput: bool) -> None:
+    """Fills ``telemetry_error``, ``versus_best_anchor`` and ``memory_check`` into every callback
+    variant's record, from the records so far (run again after each variant)."""
+    by_name = {record["variant"]: record for record in records}
+    for record in records:
+        if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
+            continue
+        record["telemetry_error"] = telemetry_error(record, by_name, by_throughput=by_throughput)
+        record["versus_best_anchor"] = versus_best_anchor(record, by_name, by_throughput=by_throughput)
+        record["memory_check"] = memory_check(record, by_name)

@@ -1,0 +1,152 @@
+"""The callback variants' checks against the harness's own numbers (benchmarks/checks.py) and how the
+tables render them. Records are written by hand with the fields the runner gives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import checks, table
+from benchmarks.runner import add_speedups
+
+
+def _decision(region="model", mode="default", kept=True):
+    return {"region": region, "modules": [region], "mode": mode, "kept": kept, "reason": "r", "step": 30}
+
+
+def _callback(median_ms, *, speedup, peak=None, decisions=(), name="callback", **summary):
+    return {
+        "variant": name, "status": "ok", "median_ms": median_ms, "peak_memory_gb": peak,
+        "callback": {"summary": {"speedup": speedup, **summary}, "plan": {"frozen": True},
+                     "decisions": list(decisions)},
+    }
+
+
+def _run(*records, workload="hf_gpt2"):
+    records = [dict(r) for r in records]
+    add_speedups(records, by_throughput=False)
+    checks.add_checks(records, by_throughput=False)
+    return {"workload": workload, "smoke": False, "gpu": "NVIDIA H200", "settings": {"total_steps": 242},
+            "records": records}
+
+
+# Issue 20's HF GPT-2 row and issue 19's peaks: eager 45.2 ms / 12.7 GB, compile 29.2 ms / 6.3 GB.
+EAGER = {"variant": "eager", "status": "ok", "median_ms": 45.2, "peak_memory_gb": 12.7}
+WHOLE = {"variant": "whole", "status": "ok", "median_ms": 29.2, "peak_memory_gb": 6.3}
+WHOLE_RO = {"variant": "whole_ro", "status": "ok", "median_ms": 24.0, "peak_memory_gb": 7.0}
+ROOT_RO = [_decision(), _decision(mode="reduce-overhead")]
+
+
+def test_telemetry_error_is_the_reported_speedup_against_the_harness_ab():
+    result = _run(EAGER, WHOLE, WHOLE_RO, _callback(23.84, speedup=2.100, decisions=ROOT_RO))
+    record = table.records_by_variant(result)["callback"]
+    telemetry = record["telemetry_error"]
+    assert telemetry["harness"] == pytest.approx(45.2 / 23.84)  # 1.896x
+    assert telemetry["error"] == pytest.approx(2.100 / (45.2 / 23.84) - 1)  # +10.8%
+    assert telemetry["passed"] is False and telemetry["baseline"] == "eager"
+    close = _run(EAGER, _callback(35.5, speedup=1.220))
+    assert table.records_by_variant(close)["callback"]["telemetry_error"]["passed"] is True  # -4.2%
+    missing = _run(EAGER, _callback(35.5, speedup=None))
+    assert table.records_by_variant(missing)["callback"]["telemetry_error"]["passed"] is None
+
+
+def test_a_callback_variant_run_another_way_is_compared_with_eager_run_that_way():
+    pbar_eager = {"variant": "eager_pbar", "status": "ok", "median_ms": 47.0}
+    pbar_whole = {"variant": "whole_pbar", "status": "ok", "median_ms": 36.0}
+    result = _run(EAGER, WHOLE_RO, pbar_eager, pbar_whole,
+                  _callback(35.0, speedup=1.30, name="callback_pbar"), workload="gpt2")
+    record = table.records_by_variant(result)["callback_pbar"]
+    assert record["telemetry_error"]["baseline"] == "eager_pbar"
+    assert record["telemetry_error"]["harness"] == pytest.approx(47.0 / 35.0)
+    assert record["versus_best_anchor"]["anchors"] == ["eager_pbar", "whole_pbar"]
+    assert "telemetry_error" not in table.records_by_variant(result)["eager"]
+
+
+def test_the_callback_is_held_to_the_best_of_eager_whole_and_whole_ro_minus_two_percent():
+    def anchor(callback_ms):
+        result = _run(EAGER, WHOLE, WHOLE_RO, _callback(callback_ms, speedup=1.9))
+        return table.records_by_variant(result)["callback"]["versus_best_anchor"]
+
+    assert anchor(24.4) == {"best": "whole_ro", "ratio": pytest.approx(24.0 / 24.4), "anchors": ["eager", "whole", "whole_ro"],
+                            "margin": 0.02, "passed": True}  # 1.6% slower: within the margin
+    assert anchor(24.6)["passed"] is False  # 2.4% slower
+    only_eager = _run(EAGER, _callback(40.0, speedup=1.1))
+    assert table.records_by_variant(only_eager)["callback"]["versus_best_anchor"]["best"] == "eager"
+
+
+def test_memory_limit_uses_the_reported_plan_peak_else_the_same_plan_compiled_whole():
+    # Issue 19: 16.7 GB under the callback, which kept the whole model with CUDA graphs.
+    proxied = _run(EAGER, WHOLE, WHOLE_RO, _callback(23.8, speedup=1.9, peak=16.7, decisions=ROOT_RO))
+    memory = table.records_by_variant(proxied)["callback"]["memory_check"]
+    assert memory["plan"] == "whole (reduce-overhead)" and memory["plan_peak_gb"] == 7.0
+    assert memory["plan_peak_source"].startswith("proxy: the `whole_ro` variant's peak")
+    assert memory["limit_gb"] == pytest.approx(1.05 * 12.7) and memory["passed"] is False
+    assert memory["reported_peak_gb"] is None  # the callback reports no memory yet: tolerated
+    reported = _run(EAGER, WHOLE_RO, _callback(23.8, speedup=1.9, peak=13.0, decisions=ROOT_RO, memory_peak_gb=12.9,
+                                               memory_eager_peak_gb=12.6, memory_plan_peak_gb=13.0))
+    memory = table.records_by_variant(reported)["callback"]["memory_check"]
+    assert memory["plan_peak_gb"] == 13.0 and memory["plan_peak_source"].startswith("the callback's report")
+    assert memory["limit_gb"] == pytest.approx(1.05 * 13.0) and memory["passed"] is True
+    assert (memory["reported_peak_gb"], memory["reported_eager_peak_gb"]) == (12.9, 12.6)
+    default_mode = _run(EAGER, WHOLE, _callback(29.0, speedup=1.5, peak=6.5, decisions=[_decision()]))
+    assert table.records_by_variant(default_mode)["callback"]["memory_check"]["plan_peak_source"].startswith(
+        "proxy: the `whole` variant's peak")
+    nothing_kept = _run(EAGER, _callback(45.0, speedup=1.0, peak=13.5, decisions=[_decision(kept=False)]))
+    memory = table.records_by_variant(nothing_kept)["callback"]["memory_check"]
+    assert memory["plan"] == "eager" and memory["plan_peak_gb"] == 12.7 and memory["passed"] is False
+    blocks = _run(EAGER, _callback(40.0, speedup=1.1, peak=12.0, decisions=[_decision("model.h.*")]))
+    memory = table.records_by_variant(blocks)["callback"]["memory_check"]
+    assert memory["plan"] == "partial (model.h.* (default))" and memory["plan_peak_gb"] is None
+    assert memory["plan_peak_source"].startswith("no proxy for a partial plan") and memory["passed"] is True
+
+
+def test_every_table_shows_peak_memory_telemetry_error_and_the_best_anchor():
+    result = _run(EAGER, WHOLE, WHOLE_RO, _callback(23.84, speedup=2.100, peak=16.7, decisions=ROOT_RO))
+    text = table.render_table(result)
+    header = text.splitlines()[0]
+    for column in ("peak GB", "reported speedup", "telemetry error (±5%)", "vs best of eager / whole / whole_ro (≥ −2%)"):
+        assert f"| {column} |" in header or header.endswith(f"| {column} |"), column
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()[2:]}
+    assert "| 12.70 | – | – | – |" in rows["eager"]
+    assert rows["callback"].endswith(
+        "| 16.70 | 2.100× | +10.8% (**not met**) | 1.007× whole_ro (met) |"), rows["callback"]
+    notes = table.render_notes(result)
+    assert ("- `callback` telemetry: reported `compile/speedup` 2.100× against the harness's 1.896× "
+            "(`eager` over `callback`, median step time): error +10.8% (**not met**), tolerance ±5%") in notes
+    assert ("- `callback` memory: peak 16.70 GB against 1.05 × max(eager 12.70 GB, kept plan 7.00 GB) = 13.33 GB "
+            "(**not met**); plan whole (reduce-overhead), its peak from proxy: the `whole_ro` variant's peak") in notes
+    verdicts = {v.target: v for v in table.evaluate_targets(result)}
+    assert verdicts["callback `compile/speedup` within ±5% of the harness's A/B"].verdict == table.NOT_MET
+    assert verdicts["callback ≥ best of eager / whole / whole_ro − 2%"].verdict == table.MET
+    memory = verdicts["callback peak memory ≤ 1.05 × max(eager, kept plan)"]
+    assert memory.verdict == table.NOT_MET and memory.measured.startswith("16.70 GB vs 13.33 GB")
+
+
+def test_results_written_before_the_checks_get_them_worked_out():
+    records = [dict(EAGER), dict(WHOLE_RO), _callback(23.84, speedup=2.100, peak=16.7, decisions=ROOT_RO)]
+    add_speedups(records, by_throughput=False)  # no add_checks: an older result file
+    result = {"workload": "resnet50", "smoke": False, "gpu": "NVIDIA H200", "settings": {}, "records": records}
+    assert "+10.8% (**not met**)" in table.render_table(result)
+
+
+def test_a_drifting_host_makes_the_telemetry_verdict_inconclusive():
+    eager_end = {"variant": "eager_end", "status": "ok", "median_ms": 52.0}
+    result = _run(EAGER, WHOLE_RO, _callback(23.84, speedup=1.90), eager_end)
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(result)}
+    assert verdicts["callback `compile/speedup` within ±5% of the harness's A/B"] == "inconclusive (host drift -13.1%)"
+
+
+def test_a_callback_variant_that_ran_past_total_steps_says_so():
+    record = {**_callback(24.0, speedup=1.9), "steps_run": 250, "steps_measured": 60, "plan_frozen_at_step": 191,
+              "window_after_plan_frozen": True}
+    result = {**_run(EAGER, record), "settings": {"total_steps": 242, "measured_steps": 60}, "command": "c",
+              "description": "d"}
+    text = table.render_result(result)
+    assert "Every variant ran 242 steps (`callback` 250: run on until the steady window held only steps after" in text
+    assert "- `callback`: plan frozen at step 191; the steady window is steps 191–250 of 250" in text
+    late = {**record, "steps_run": 484, "plan_frozen_at_step": 450, "window_after_plan_frozen": False}
+    assert "**the steady window holds steps before the plan froze** (frozen at step 450 of 484)" in table.render_result(
+        {**result, "records": [EAGER, late]})
+    capped = {**result, "settings": {**result["settings"], "memory_cap_gb": 14.5, "memory_fraction": 0.1042,
+                                     "device_memory_gb": 139.8}}
+    assert "CUDA memory capped at 14.5 GiB (`set_per_process_memory_fraction(0.1042)` of 139.8 GiB)." in (
+        table.render_result(capped))
