@@ -2,12 +2,12 @@
 
 One command per workload on the H200 (each fits a 10-minute limit, compiling cold included):
 
-    python -m benchmarks --workload gpt2             # ~3-4 min
-    python -m benchmarks --workload resnet50         # ~4-6 min
+    python -m benchmarks --workload gpt2             # ~4-5 min (~3-4 before whole_ro was added; estimate)
+    python -m benchmarks --workload resnet50         # ~5-7 min (~4-6 before whole_ro was added; estimate)
     python -m benchmarks --workload resnet18_cifar   # ~3-5 min
     python -m benchmarks --workload gpt2_varlen      # ~8 min (3 epochs of 192 steps, 5 of its 7 variants)
-    python -m benchmarks --workload hf_gpt2          # ~4-6 min (Hugging Face GPT2LMHeadModel 124M, B8 x 1024)
-    python -m benchmarks --workload timm_vit         # ~4-6 min (timm vit_base_patch16_224, B64)
+    python -m benchmarks --workload hf_gpt2          # ~4 min (Hugging Face GPT2LMHeadModel 124M, B8 x 1024)
+    python -m benchmarks --workload timm_vit         # ~3 min (timm vit_base_patch16_224, B64)
 
     python -m benchmarks --workload hf_gpt2 --memory-cap-gb 14.6   # a smaller card: allocations past 14.6 GiB raise
 

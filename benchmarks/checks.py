@@ -135,9 +135,10 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
 
     Returns:
         ``peak_gb`` (the harness's), ``eager_peak_gb``, ``plan``, ``plan_peak_gb``, ``plan_peak_source``,
-        ``limit_gb``, ``passed`` (None where a peak is missing: no CUDA), and what the callback
-        reported of its own (``reported_*``, None where its summary has no memory keys); None for a
-        variant without a callback.
+        ``limit_gb``, ``passed`` (None where a peak is missing: no CUDA), what the callback reported of
+        its own (``reported_*``, None where its summary has no memory keys) and the peak of the variant
+        that runs the same whole-model plan (``proxy_variant``, ``proxy_plan_peak_gb``; None for an
+        eager or partial plan); None for a variant without a callback.
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
         return None
@@ -145,13 +146,16 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
     eager = _ok(records, EAGER_OF.get(record["variant"], "eager")) or {}
     eager_peak = eager.get("peak_memory_gb")
     kind, detail = kept_plan(record)
+    # The variant that runs the same plan without the callback: its peak is the plan's by the harness's
+    # clock, kept beside the callback's own figure as a check of that figure.
+    proxy = ("whole_ro" if detail == "reduce-overhead" else "whole") if kind == "whole" else None
+    proxy_peak = (_ok(records, proxy) or {}).get("peak_memory_gb") if proxy else None
     plan_peak, source = summary.get("memory_plan_peak_gb"), "the callback's report (compile/memory/plan_peak_gb)"
     if plan_peak is None:
         if kind == "eager":
             plan_peak, source = eager_peak, "the plan is eager: eager's peak"
-        elif kind == "whole":
-            proxy = "whole_ro" if detail == "reduce-overhead" else "whole"
-            plan_peak = (_ok(records, proxy) or {}).get("peak_memory_gb")
+        elif proxy is not None:
+            plan_peak = proxy_peak
             source = f"proxy: the `{proxy}` variant's peak (the same plan, compiled by model.compile())"
         else:
             source = f"no proxy for a partial plan ({detail}): eager's peak alone"
@@ -170,6 +174,8 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
         "reported_peak_gb": summary.get("memory_peak_gb"),
         "reported_eager_peak_gb": summary.get("memory_eager_peak_gb"),
         "reported_plan_peak_gb": summary.get("memory_plan_peak_gb"),
+        "proxy_variant": proxy,
+        "proxy_plan_peak_gb": proxy_peak,
     }
 
 

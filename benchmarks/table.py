@@ -46,16 +46,14 @@ def _by_throughput(result: dict[str, Any]) -> bool:
 
 
 def record_checks(result: dict[str, Any], record: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
-    """A callback variant's telemetry error, best-anchor and memory checks: as its record holds them,
-    else worked out from the run's records (results written before the record had them)."""
+    """A callback variant's telemetry error, best-anchor and memory checks, worked out from the run's
+    records as the runner does (so results written before a check existed get it too)."""
     records = records_by_variant(result)
     by_throughput = _by_throughput(result)
     return {
-        "telemetry_error": record.get("telemetry_error")
-        or checks.telemetry_error(record, records, by_throughput=by_throughput),
-        "versus_best_anchor": record.get("versus_best_anchor")
-        or checks.versus_best_anchor(record, records, by_throughput=by_throughput),
-        "memory_check": record.get("memory_check") or checks.memory_check(record, records),
+        "telemetry_error": checks.telemetry_error(record, records, by_throughput=by_throughput),
+        "versus_best_anchor": checks.versus_best_anchor(record, records, by_throughput=by_throughput),
+        "memory_check": checks.memory_check(record, records),
     }
 
 
@@ -212,8 +210,12 @@ def render_checks(result: dict[str, Any], record: dict[str, Any]) -> list[str]:
         reported = [(label, memory.get(key)) for label, key in (
             ("peak", "reported_peak_gb"), ("eager peak", "reported_eager_peak_gb"), ("plan peak", "reported_plan_peak_gb"))]
         if any(value is not None for _, value in reported):
+            harness = (f"; the harness's: peak {_number(memory.get('peak_gb'), '.2f', ' GB')}, eager "
+                       f"{_number(memory.get('eager_peak_gb'), '.2f', ' GB')}")
+            if memory.get("proxy_variant"):
+                harness += f", `{memory['proxy_variant']}` (the same plan) {_number(memory.get('proxy_plan_peak_gb'), '.2f', ' GB')}"
             lines.append(f"  - the callback's own memory figures: "
-                         + ", ".join(f"{label} {_number(value, '.2f', ' GB')}" for label, value in reported))
+                         + ", ".join(f"{label} {_number(value, '.2f', ' GB')}" for label, value in reported) + harness)
     if record.get("window_after_plan_frozen") is False:
         lines.append(
             f"- `{name}`: **the steady window holds steps before the plan froze** (frozen at step "

@@ -87,6 +87,10 @@ def test_memory_limit_uses_the_reported_plan_peak_else_the_same_plan_compiled_wh
     assert memory["plan_peak_gb"] == 13.0 and memory["plan_peak_source"].startswith("the callback's report")
     assert memory["limit_gb"] == pytest.approx(1.05 * 13.0) and memory["passed"] is True
     assert (memory["reported_peak_gb"], memory["reported_eager_peak_gb"]) == (12.9, 12.6)
+    assert (memory["proxy_variant"], memory["proxy_plan_peak_gb"]) == ("whole_ro", 7.0)  # the report's figure checked
+    notes = table.render_notes(reported)
+    assert ("  - the callback's own memory figures: peak 12.90 GB, eager peak 12.60 GB, plan peak 13.00 GB; the "
+            "harness's: peak 13.00 GB, eager 12.70 GB, `whole_ro` (the same plan) 7.00 GB") in notes
     default_mode = _run(EAGER, WHOLE, _callback(29.0, speedup=1.5, peak=6.5, decisions=[_decision()]))
     assert table.records_by_variant(default_mode)["callback"]["memory_check"]["plan_peak_source"].startswith(
         "proxy: the `whole` variant's peak")
