@@ -9,6 +9,7 @@ wiring, validation and logging.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import statistics
@@ -279,6 +280,7 @@ class CompileCallback(Callback):
         self._on_gpu = False
         self._memory_high: dict[str, int] = {}
         self._memory_device: torch.device | None = None
+        self._last_logged_step: int | None = None
         self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
         self._inductor_cache_set = False
@@ -330,6 +332,15 @@ class CompileCallback(Callback):
             resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
         # Here, not in __init__: a backend of the user's own is registered or importable by now.
         self._backend = resolve_backend(self.backend)
+        if self.options and self._backend == "inductor":
+            # torch.compile checks them only at the first compile, after training started.
+            known = torch_internals.inductor_option_names()
+            unknown = sorted(name for name in self.options if name not in known)
+            if unknown:
+                hints = {name: difflib.get_close_matches(name, sorted(known), n=3) for name in unknown}
+                detail = "; ".join(f"{name!r} (close: {', '.join(close) or 'none'})" for name, close in hints.items())
+                raise ValueError(f"`options` names Inductor options that do not exist: {detail}. Use names from "
+                                 f"torch._inductor.list_options(), dotted for nested ones ('triton.cudagraphs').")
         if self.pad is not None and stage == "fit":
             self._static_buckets = False
             self._loaders_padded.clear()
@@ -494,6 +505,7 @@ class CompileCallback(Callback):
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self._memory_high: dict[str, int] = {}  # label -> bytes allocated at the forward/backward boundary
         self._memory_device = pl_module.device
+        self._last_logged_step: int | None = None
         self.timer = StepTimer(pl_module.device)
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
         if self.regions == AUTO:
@@ -644,8 +656,12 @@ class CompileCallback(Callback):
         # Every rank runs the same batches: a policy that acts is agreed on every `every` batches too,
         # not only at an epoch's end (one long epoch, or an iterable dataset with max_steps).
         self._check_churn(trainer, every_rank_here=self.on_recompile != "warn" and self._batch_index % every == 0)
-        if self._batch_index % every == 0:
-            telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)
+        # Every `every` optimizer steps, as Lightning's log_every_n_steps counts them (with gradient
+        # accumulation several batches share a step: logged once).
+        step = trainer.global_step
+        if step > 0 and step % every == 0 and step != self._last_logged_step:
+            self._last_logged_step = step
+            telemetry.log_scalars(trainer.loggers, self.metrics(), step=step)
         self._anatomy_ops.start_probe_if_due(allowed=self._nothing_but_a_batch_follows(trainer, batch_idx))
 
     def _keys_wanted(self) -> bool:

@@ -61,8 +61,6 @@ def test_every_compile_scalar_is_logged_at_exactly_its_steps(tmp_path, trainer_e
     assert scalars["compile/speedup"][0] < BATCHES_PER_EPOCH  # compiled at batch 3: timed within the epoch
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: the callback counts batches, not optimizer steps (callback.py "
-                                       "on_train_batch_end: `self._batch_index % every`)")
 def test_with_gradient_accumulation_the_cadence_counts_optimizer_steps(tmp_path):
     """Lightning's log_every_n_steps counts optimizer steps (train/loss below is logged every 2 of them);
     the compile/* scalars should follow the same steps, not every 2 batches (= every optimizer step)."""

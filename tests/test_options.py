@@ -79,8 +79,6 @@ def test_no_options_pass_none():
     assert RECEIVED == [{}]  # the control: torch.compile passes options only when there are some
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: an option Inductor does not know fails at the compile, "
-                                       "after training started (torch's RuntimeError), not in __init__/setup")
 def test_an_unknown_inductor_option_fails_before_training(tmp_path):
     model = TinyModel()
     trainer = make_trainer(tmp_path, [CompileCallback(["head"], options={"no_such_option": 1}, eager_baseline_steps=2)])

@@ -67,10 +67,14 @@ def test_the_callback_is_held_to_the_best_of_eager_whole_and_whole_ro_minus_two_
         return table.records_by_variant(result)["callback"]["versus_best_anchor"]
 
     assert anchor(24.4) == {"best": "whole_ro", "ratio": pytest.approx(24.0 / 24.4), "anchors": ["eager", "whole", "whole_ro"],
-                            "margin": 0.02, "passed": True}  # 1.6% slower: within the margin
+                            "missing": [], "margin": 0.02, "passed": True}  # 1.6% slower: within the margin
     assert anchor(24.6)["passed"] is False  # 2.4% slower
     only_eager = _run(EAGER, _callback(40.0, speedup=1.1))
-    assert table.records_by_variant(only_eager)["callback"]["versus_best_anchor"]["best"] == "eager"
+    check = table.records_by_variant(only_eager)["callback"]["versus_best_anchor"]
+    assert check["best"] == "eager" and check["missing"] == ["whole", "whole_ro"]
+    assert table.anchor_cell(check) == "1.130× eager, whole / whole_ro not run (met)"  # the best may be among them
+    verdict = {v.target: v for v in table.evaluate_targets(only_eager)}["callback ≥ best of eager / whole / whole_ro − 2%"]
+    assert verdict.measured == "1.130× of eager (whole / whole_ro not run)"
 
 
 def test_memory_limit_uses_the_reported_plan_peak_else_the_same_plan_compiled_whole():
@@ -97,6 +101,10 @@ def test_memory_limit_uses_the_reported_plan_peak_else_the_same_plan_compiled_wh
     nothing_kept = _run(EAGER, _callback(45.0, speedup=1.0, peak=13.5, decisions=[_decision(kept=False)]))
     memory = table.records_by_variant(nothing_kept)["callback"]["memory_check"]
     assert memory["plan"] == "eager" and memory["plan_peak_gb"] == 12.7 and memory["passed"] is False
+    # Over eager's limit, the same plan's peak unknown (whole_ro not run): it cannot be judged.
+    unknown = _run(EAGER, _callback(23.8, speedup=1.9, peak=16.7, decisions=ROOT_RO))
+    memory = table.records_by_variant(unknown)["callback"]["memory_check"]
+    assert memory["passed"] is None and "which this run lacks" in memory["plan_peak_source"]
     blocks = _run(EAGER, _callback(40.0, speedup=1.1, peak=12.0, decisions=[_decision("model.h.*")]))
     memory = table.records_by_variant(blocks)["callback"]["memory_check"]
     assert memory["plan"] == "partial (model.h.* (default))" and memory["plan_peak_gb"] is None
