@@ -92,8 +92,9 @@ def versus_best_anchor(
     """The callback's speed as a share of the fastest anchor's (1.0: as fast; above: faster).
 
     Returns:
-        ``best`` (the anchor's name), ``ratio``, ``anchors`` (those that ran), ``margin`` and ``passed``
-        (ratio ≥ 1 - margin; None without an anchor); None for a variant without a callback.
+        ``best`` (the anchor's name), ``ratio``, ``anchors`` (those that ran), ``missing`` (those that
+        did not), ``margin`` and ``passed`` (ratio ≥ 1 - margin; None without an anchor); None for a
+        variant without a callback.
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
         return None
@@ -105,13 +106,15 @@ def versus_best_anchor(
             value = harness_speedup(record, anchor, by_throughput=by_throughput)
             if value is not None:
                 speeds[name] = value
+    missing = [name for name in names if name not in speeds]
     if not speeds:
-        return {"best": None, "ratio": None, "anchors": list(names), "margin": ANCHOR_MARGIN, "passed": None}
+        return {"best": None, "ratio": None, "anchors": [], "missing": missing, "margin": ANCHOR_MARGIN, "passed": None}
     best = min(speeds, key=speeds.__getitem__)  # the anchor the callback is least ahead of
     return {
         "best": best,
         "ratio": speeds[best],
         "anchors": sorted(speeds, key=names.index),
+        "missing": missing,  # not run (older results, --variants): the best may be among them
         "margin": ANCHOR_MARGIN,
         "passed": speeds[best] >= 1.0 - ANCHOR_MARGIN,
     }
@@ -135,7 +138,8 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
 
     Returns:
         ``peak_gb`` (the harness's), ``eager_peak_gb``, ``plan``, ``plan_peak_gb``, ``plan_peak_source``,
-        ``limit_gb``, ``passed`` (None where a peak is missing: no CUDA), what the callback reported of
+        ``limit_gb``, ``passed`` (None where a peak is missing: no CUDA, or over eager's limit with the
+        plan's peak unknown), what the callback reported of
         its own (``reported_*``, None where its summary has no memory keys) and the peak of the variant
         that runs the same whole-model plan (``proxy_variant``, ``proxy_plan_peak_gb``; None for an
         eager or partial plan); None for a variant without a callback.
@@ -157,11 +161,16 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
         elif proxy is not None:
             plan_peak = proxy_peak
             source = f"proxy: the `{proxy}` variant's peak (the same plan, compiled by model.compile())"
+            if proxy_peak is None:
+                source = f"proxy: the `{proxy}` variant's peak, which this run lacks (add it to --variants)"
         else:
             source = f"no proxy for a partial plan ({detail}): eager's peak alone"
     known = [value for value in (eager_peak, plan_peak) if isinstance(value, (int, float))]
     limit = MEMORY_FACTOR * max(known) if known else None
     peak = record.get("peak_memory_gb")
+    passed = None if peak is None or limit is None else peak <= limit
+    if passed is False and plan_peak is None:
+        passed = None  # over eager's share, but the plan's peak, which may allow it, is not known
     return {
         "peak_gb": peak,
         "eager_peak_gb": eager_peak,
@@ -170,7 +179,7 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
         "plan_peak_source": source,
         "limit_gb": limit,
         "factor": MEMORY_FACTOR,
-        "passed": None if peak is None or limit is None else peak <= limit,
+        "passed": passed,
         "reported_peak_gb": summary.get("memory_peak_gb"),
         "reported_eager_peak_gb": summary.get("memory_eager_peak_gb"),
         "reported_plan_peak_gb": summary.get("memory_plan_peak_gb"),

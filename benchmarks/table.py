@@ -70,7 +70,8 @@ def telemetry_cell(check: dict[str, Any] | None) -> str:
 def anchor_cell(check: dict[str, Any] | None) -> str:
     if not check or check.get("ratio") is None:
         return "–"
-    return f"{check['ratio']:.3f}× {check['best']}{_passed(check.get('passed'))}"
+    missing = f", {' / '.join(check['missing'])} not run" if check.get("missing") else ""
+    return f"{check['ratio']:.3f}× {check['best']}{missing}{_passed(check.get('passed'))}"
 
 
 # -- one workload ------------------------------------------------------------------------------------
@@ -394,7 +395,8 @@ def _check_verdicts(
 
     passed = anchor.get("passed")
     best = anchor.get("best")
-    measured = f"{_number(anchor.get('ratio'), '.3f', '×')} of {best}" if best else "–"
+    missing = f" ({' / '.join(anchor['missing'])} not run)" if anchor.get("missing") else ""
+    measured = f"{_number(anchor.get('ratio'), '.3f', '×')} of {best}{missing}" if best else "–"
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
     verdicts.append(Verdict(
         workload, f"callback ≥ best of {' / '.join(checks.ANCHORS)} − {checks.ANCHOR_MARGIN:.0%}", measured,
