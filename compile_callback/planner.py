@@ -698,7 +698,8 @@ class AutoPlanner:
     @staticmethod
     def _failure_reason(verdict: VerificationResult) -> str:
         if verdict.error:
-            return f"compile failed: {verdict.error[:300]}"
+            what = "compile failed" if verdict.where == "compile" else "not verified, so not trusted"
+            return f"{what}: {verdict.error[:300]}"
         return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
                 f"{verdict.where}; tolerance {verdict.tolerance:.0e}")
 

@@ -121,20 +121,41 @@ def _offload(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.to("cpu") if t.device.type == "cuda" else t for t in tensors]
 
 
-def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _run(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], take_outputs: Callable[[list[torch.Tensor]], None]
+) -> tuple[int, list[torch.Tensor]]:
+    """One forward and backward of ``module``: ``take_outputs`` gets the floating outputs (detached)
+    before the backward, which then runs with no other reference to them, as in training (a model's
+    logits are freed once its loss is computed: GPT-2's are 1.6 GB). Returns the number of outputs and
+    the gradients of the parameters and differentiable inputs."""
     torch.manual_seed(_SEED)
     output = module(*args, **kwargs)
     outputs = [t for t in torch_internals.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    count = len(outputs)
     differentiable = [t for t in outputs if t.requires_grad]
+    # The backward starts where training's does, at the scalar (the loss) when the module returns one;
+    # otherwise at every differentiable output.
+    seeds = [t for t in differentiable if t.numel() == 1] or differentiable
+    take_outputs([t.detach() for t in outputs])
+    del output, outputs, differentiable
     wrt = [p for p in module.parameters() if p.requires_grad]
     wrt += [t for t in torch_internals.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
     grads: list[torch.Tensor] = []
-    if differentiable and wrt:
-        generator = torch.Generator(device=differentiable[0].device).manual_seed(_SEED)
-        weights = [torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype) for t in differentiable]
-        found = torch.autograd.grad(differentiable, wrt, grad_outputs=weights, allow_unused=True)
+    if seeds and wrt:
+        generator = torch.Generator(device=seeds[0].device).manual_seed(_SEED)
+        weights = [_backward_weights(t, generator) for t in seeds]
+        found = torch.autograd.grad(seeds, wrt, grad_outputs=weights, allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(found, wrt)]
-    return [t.detach() for t in outputs], grads
+    return count, grads
+
+
+def _backward_weights(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random weights for an output's gradient: random along its last dimension and expanded over the
+    rest, a view that needs no memory of the output's size."""
+    if tensor.dim() == 0:
+        return torch.randn((), generator=generator, device=tensor.device, dtype=tensor.dtype)
+    row = torch.randn(tensor.shape[-1], generator=generator, device=tensor.device, dtype=tensor.dtype)
+    return row.expand(tensor.shape)
 
 
 def _draws_random_numbers(module: nn.Module) -> bool:
@@ -175,16 +196,16 @@ def verify_module(
                 if name in buffers:
                     buffer.copy_(buffers[name])
 
-    def run(*, compiled: bool, fp32: bool = False) -> tuple[list[torch.Tensor], int]:
+    def run(*, compiled: bool, take_outputs: Callable[[list[torch.Tensor]], None], fp32: bool = False
+            ) -> tuple[int, list[torch.Tensor]]:
         eager = contextlib.nullcontext() if compiled else torch_internals.eager_for_now(module)
         full = torch.autocast(device_type, enabled=False) if fp32 else contextlib.nullcontext()
         randomness = fallback if compiled else contextlib.nullcontext()
         try:
             with torch.enable_grad(), eager, full, randomness:
-                outputs, grads = _run(module, args, kwargs)
+                return _run(module, args, kwargs, take_outputs)
         finally:
             restore_buffers()
-        return outputs + grads, len(outputs)
 
     device_type = next((p.device.type for p in module.parameters()), "cpu")
     # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so
@@ -196,40 +217,60 @@ def verify_module(
         dtype = compute_dtype()
         limit = tolerance if tolerance is not None else TOLERANCE.get(dtype, 1e-3)
         stage = "eager reference"
+        eager_outputs: list[torch.Tensor] = []
+        compiled_outputs: list[torch.Tensor] = []
+        output_errors: list[TensorError] = []
+        reduced = dtype in (torch.float16, torch.bfloat16) and tolerance is None
+
+        def compare_outputs(outputs: list[torch.Tensor]) -> None:  # on the device, before the backward
+            if len(outputs) == len(eager_outputs):
+                output_errors.extend(_errors(["output"] * len(outputs), outputs, eager_outputs))
+            if reduced:  # kept for an fp32 reference, should one be needed
+                compiled_outputs.extend(_offload(outputs))
+
         try:
-            # Eager first, its results moved to host memory, then the compiled run, compared where it lies.
-            eager_all, eager_outputs = run(compiled=False)
-            eager_all = _offload(eager_all)
+            # Eager first, its results moved to host memory; then the compiled run, compared where it lies.
+            eager_count, eager_grads = run(compiled=False, take_outputs=lambda ts: eager_outputs.extend(_offload(ts)))
+            eager_grads = _offload(eager_grads)
             stage = "compile"
-            compiled_all, outputs = run(compiled=True)
+            count, compiled_grads = run(compiled=True, take_outputs=compare_outputs)
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
         except Exception as error:  # a backend error must revert the region, not end the run
-            if stage != "compile":
-                raise
-            return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error))
-        if outputs != eager_outputs or len(compiled_all) != len(eager_all):
+            if stage == "compile":
+                return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error))
+            # The held input cannot be replayed eagerly (e.g. HF's DynamicCache, filled by the live step
+            # since: "backward through the graph a second time"): unverifiable, so not trusted.
+            return VerificationResult(False, float("inf"), limit, "verification",
+                                      f"the held input could not be replayed eagerly to verify against: "
+                                      f"{torch_internals.describe_error(error)}")
+        if count != eager_count or len(compiled_grads) != len(eager_grads):
             return VerificationResult(False, float("inf"), limit, "output count differs")
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
-        labels = ["output"] * outputs + [names[i] if i < len(names) else "grad of input"
-                                         for i in range(len(compiled_all) - outputs)]
-        errors = _errors(labels, compiled_all, eager_all)
+        grad_labels = [names[i] if i < len(names) else "grad of input" for i in range(len(compiled_grads))]
+        labels = ["output"] * count + grad_labels
+        errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads)
         worst = max(errors, key=lambda e: (e.error != e.error, e.error), default=TensorError("output", 0.0, 0.0, False))
         failing = [e for e in errors if not e.error <= limit]
         if not failing:
             return VerificationResult(True, worst.error, limit, worst.describe())
-        if dtype not in (torch.float16, torch.bfloat16) or tolerance is not None:
+        if not reduced:
             return VerificationResult(False, worst.error, limit, worst.describe())
         # Reduced precision, some tensor past the dtype's tolerance: two correct bf16 computations can
         # differ that much, so ask an fp32 eager reference which one is off. Only then: its activations
         # are fp32 (and attention may take the math kernel), twice eager's and more (on the H200 a
         # reference on every trial put HF GPT-2's fit 3 GB and ViT-B's 3.5 GB above their eager peaks).
-        compiled_all = _offload(compiled_all)
+        compiled_all = compiled_outputs + _offload(compiled_grads)
+        eager_all = eager_outputs + eager_grads
+        del compiled_grads
         stage = "fp32 reference"
+        reference_outputs: list[torch.Tensor] = []
         try:
-            reference, _ = run(compiled=False, fp32=True)
+            _, reference_grads = run(compiled=False, fp32=True,
+                                     take_outputs=lambda ts: reference_outputs.extend(_offload(ts)))
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
+        reference = reference_outputs + reference_grads
     eager_off = _errors(labels, eager_all, reference)
     compiled_off = _errors(labels, compiled_all, reference)
     for eager_error, compiled_error in zip(eager_off, compiled_off):
@@ -244,7 +285,8 @@ def verify_module(
 def _out_of_memory(limit: float, stage: str, error: BaseException) -> VerificationResult:
     """A verification that ran out of device memory: reverted like any failure, its memory handed back."""
     detail = f"{torch_internals.first_line(str(error))} ({release_device_memory()})"
-    return VerificationResult(False, float("inf"), limit, "compile", f"out of memory during the {stage} run: {detail}")
+    where = "compile" if stage == "compile" else "verification"
+    return VerificationResult(False, float("inf"), limit, where, f"out of memory during the {stage} run: {detail}")
 
 
 def release_device_memory() -> str:
