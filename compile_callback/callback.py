@@ -1062,6 +1062,9 @@ class CompileCallback(Callback):
                 "compile_time_s": metrics[telemetry.COMPILE_TIME_S],
                 "graphs": int(metrics[telemetry.GRAPHS] or 0),
                 "graph_breaks": int(metrics[telemetry.GRAPH_BREAKS] or 0),
+                # Of those, the ones dynamo's counters["graph_break"] counts (at a call); the rest (no
+                # resume point, data-dependent branches) it counts elsewhere: graph_break_kinds per region.
+                "graph_breaks_in_dynamo_counter": int(totals.get("graph_breaks_in_dynamo_counter", 0)),
                 "recompiles": int(metrics[telemetry.RECOMPILES] or 0),
                 "eager_fallbacks": int(metrics[telemetry.EAGER_FALLBACKS] or 0),
                 "regions_compiled": int(metrics[telemetry.REGIONS_COMPILED] or 0),

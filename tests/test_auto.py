@@ -203,27 +203,6 @@ def test_short_run_skips_trials_it_cannot_finish(tmp_path):
     assert decisions and all(d["reason"] == "skipped: the run ends before a trial could finish" for d in decisions)
 
 
-def test_resume_applies_the_saved_plan_without_new_trials(tmp_path):
-    first = auto(backend="eager", min_speedup=1.0, max_trials=2)
-    trainer = make_trainer(tmp_path, [first], max_epochs=3, enable_checkpointing=True)
-    trainer.fit(TinyModel(), loader(batch_size=8))
-    path = trainer.checkpoint_callback.best_model_path
-    decisions = first.last_report["decisions"]
-    kept = [d["region"] for d in decisions if d["kept"]]
-    torch._dynamo.reset()
-    second = auto(backend="eager", min_speedup=1.0, max_trials=2)
-    model = TinyModel()
-    trainer = make_trainer(tmp_path, [second], max_epochs=4, enable_checkpointing=True)
-    trainer.fit(model, loader(batch_size=8), ckpt_path=path)
-    assert second.last_report["decisions"] == decisions  # no new profiling, no new trials
-    assert second.planner.profiler is None
-    assert [r.name for r in second.planner.regions] == kept
-    compiled = {name for name, m in model.named_modules() if torch_internals.is_module_compiled(m)}
-    planned = {"" if name == "model" else name for region in second.planner.regions for name in region.module_names}
-    assert compiled == planned
-    assert second.last_report["summary"]["batches"] == 4 * 12
-
-
 @pytest.mark.slow
 def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
     def run(path):
