@@ -215,7 +215,7 @@ def render_checks(result: dict[str, Any], record: dict[str, Any]) -> list[str]:
                        f"{_number(memory.get('eager_peak_gb'), '.2f', ' GB')}")
             if memory.get("proxy_variant"):
                 harness += f", `{memory['proxy_variant']}` (the same plan) {_number(memory.get('proxy_plan_peak_gb'), '.2f', ' GB')}"
-            lines.append(f"  - the callback's own memory figures: "
+            lines.append("  - the callback's own memory figures: "
                          + ", ".join(f"{label} {_number(value, '.2f', ' GB')}" for label, value in reported) + harness)
     if record.get("window_after_plan_frozen") is False:
         lines.append(

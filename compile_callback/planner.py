@@ -366,6 +366,8 @@ class AutoPlanner:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
             yield from self._window(control)
+            if self.device.type == "cuda":
+                release_device_memory()  # the graph pool is a new reservation: hand back eager's cached blocks
         self._last_failure = ""
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
@@ -474,6 +476,8 @@ class AutoPlanner:
             return
         control = "trial:reduce-overhead" + CONTROL
         yield from self._window(control)  # the kept plan, right before (see _trial)
+        if self.device.type == "cuda":
+            release_device_memory()  # as in _trial: room for the graph pool under a memory cap
         kept = list(self._kept)
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
         saved_with = {id(r): r.compiled_with for r in kept}

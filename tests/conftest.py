@@ -313,3 +313,24 @@ def read_layout(log_dir: str) -> list[dict[str, dict[str, list[str]]]]:
             layouts.append({category.title: {chart.title: list(chart.multiline.tag) for chart in category.chart}
                             for category in layout.category})
     return layouts
+
+
+class RecordLosses(L.Callback):
+    """Every training batch's loss, as a float (a host sync per step: for tests that compare runs)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def seeded_fit(tmp_path, callbacks, model: L.LightningModule, *, seed: int, max_epochs: int, **trainer_kwargs):
+    """Fits ``model`` (built after seeding: pass a class) on the unshuffled classification loader;
+    returns ``(losses, model, trainer)``, so runs with and without a callback compare step by step."""
+    L.seed_everything(seed)
+    model = model()
+    record = RecordLosses()
+    trainer = make_trainer(tmp_path, callbacks + [record], max_epochs=max_epochs, **trainer_kwargs)
+    trainer.fit(model, loader(batch_size=8, shuffle=False))
+    return record.losses, model, trainer

@@ -1,13 +1,12 @@
 """Fault injection: a region whose compile or compiled code fails never costs the run a step."""
 
-import lightning as L
 import pytest
 import torch
 from torch import nn
 from torch._dynamo import register_backend  # the documented way to add a custom backend
 
 from compile_callback import CompileCallback, torch_internals
-from tests.conftest import TinyModel, loader, make_trainer
+from tests.conftest import TinyModel, loader, make_trainer, seeded_fit
 
 
 def _raise_at_compile(gm, example_inputs):
@@ -43,17 +42,7 @@ for _name, _fn in [
 
 
 def losses(tmp_path, callbacks):
-    L.seed_everything(3)
-    model = TinyModel()
-    recorded = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            recorded.append(float(outputs["loss"]))
-
-    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=2)
-    trainer.fit(model, loader(batch_size=8, shuffle=False))
-    return recorded, model, trainer
+    return seeded_fit(tmp_path, callbacks, TinyModel, seed=3, max_epochs=2)
 
 
 @pytest.mark.parametrize("backend", ["test_raise_at_compile", "test_raise_at_first_call"])
@@ -226,16 +215,7 @@ class StatefulModel(TinyModel):
 def stateful_fit(tmp_path, callbacks):
     """A seeded fit of 2 epochs (24 batches); returns what a rerun call could change: losses, model state (parameters
     and buffers), optimizer state and the global RNG state after fit."""
-    L.seed_everything(5)
-    model = StatefulModel()
-    recorded = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            recorded.append(float(outputs["loss"]))
-
-    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=2)
-    trainer.fit(model, loader(batch_size=8, shuffle=False))
+    recorded, model, trainer = seeded_fit(tmp_path, callbacks, StatefulModel, seed=5, max_epochs=2)
     return {
         "losses": recorded,
         "state": {name: value.clone() for name, value in model.state_dict().items()},

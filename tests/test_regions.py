@@ -97,3 +97,23 @@ def test_a_patched_forward_of_an_inner_module_stays_compiled():
     head.forward = lambda x: plain_forward(x) * 1.0  # a library's wrapper around forward
     head(torch.randn(4, 16))
     assert counter.frame_count >= 1
+
+
+def test_self_prefix_names_a_submodule_and_model_stays_the_root():
+    import lightning as L
+    from torch import nn
+
+    class Wrapper(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+    wrapper = Wrapper()
+    (root,) = resolve_regions(wrapper, ["model"])
+    (child,) = resolve_regions(wrapper, ["self.model"])
+    (layers,) = resolve_regions(wrapper, ["self.model.*"])
+    assert root.modules == [wrapper] and root.module_names == [""]
+    assert child.modules == [wrapper.model] and child.module_names == ["model"]
+    assert layers.module_names == ["model.0", "model.1"]
+    with pytest.raises(ValueError, match=r"region 'self.nothing' matches no submodule .*'self.model' for a submodule called model"):
+        resolve_regions(wrapper, ["self.nothing"])

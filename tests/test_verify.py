@@ -1,13 +1,12 @@
 """Verification: per-tensor errors with their scale, the bf16 rule on CPU, and out-of-memory as a fault."""
 
-import lightning as L
 import pytest
 import torch
 from torch._dynamo import register_backend
 
 from compile_callback import CompileCallback
 from compile_callback.verify import _errors
-from tests.conftest import TinyModel, loader, make_trainer
+from tests.conftest import TinyModel, seeded_fit
 
 
 def test_a_gradient_the_loss_barely_reaches_is_judged_against_its_kinds_scale():
@@ -60,17 +59,7 @@ for _name, _fn in [("test_verify_perturbed", _perturbed), ("test_oom_first_call"
 
 
 def fit(tmp_path, callbacks, **kwargs):
-    L.seed_everything(5)
-    model = TinyModel()
-    losses = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            losses.append(float(outputs["loss"]))
-
-    trainer = make_trainer(tmp_path, callbacks + [Record()], max_epochs=kwargs.pop("max_epochs", 3), **kwargs)
-    trainer.fit(model, loader(batch_size=8, shuffle=False))
-    return losses, model, trainer
+    return seeded_fit(tmp_path, callbacks, TinyModel, seed=5, max_epochs=kwargs.pop("max_epochs", 3), **kwargs)
 
 
 def test_bf16_rule_on_cpu_keeps_a_faithful_compile_and_rejects_a_wrong_one(tmp_path):
