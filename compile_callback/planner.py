@@ -400,13 +400,13 @@ class AutoPlanner:
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
         speedup, noise = self._speedup(control, label)
         threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
-        # Judged by the lower quartiles, and not slower by the medians: interference (a busy host, a
-        # logger's first write) only ever adds time, to a few steps of either side, and moves medians of
-        # a short trial far (on 2 loaded CPU cores an unchanged model read 2.4x and 0.5x by medians, a
-        # 2.8x faster one 1.01x); the quartile below them stays with the unhindered steps. On a quiet
-        # GPU the two agree within a percent. The reported speedup stays the medians' ratio.
+        # Kept only if faster by the medians and by the lower quartiles alike: interference (a busy host,
+        # a logger's first write) adds time to a few steps of either side and moves one statistic of a
+        # short trial far (on 2 loaded CPU cores an unchanged model read 2.4x by medians, and 1.35x by
+        # lower quartiles at 1.04x by medians). On a quiet GPU the two agree within a percent. A region
+        # so reverted costs a missed speedup; one wrongly kept, a slower run.
         low = self._speedup(control, label, statistic=lower_quartile)[0]
-        keep = bool(self.agree(speedup is not None and low is not None and low >= threshold and speedup >= 1.0))
+        keep = bool(self.agree(speedup is not None and low is not None and min(speedup, low) >= threshold))
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
         how = "between its own steps" if interleaved else "right before it"
         if keep:
