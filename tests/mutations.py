@@ -58,8 +58,8 @@ MUTATIONS = [
     Mutation(
         name="compile/* scalars no longer logged every log_every_n_steps",
         path="compile_callback/callback.py",
-        old="        if self._batch_index % every == 0:\n            telemetry.log_scalars(trainer.loggers, self.metrics(), step=trainer.global_step)\n",
-        new="",
+        old="            self._last_logged_step = step\n            telemetry.log_scalars(trainer.loggers, self.metrics(), step=step)\n",
+        new="            self._last_logged_step = step\n",
         tests=("tests/test_cadence.py",),
     ),
     Mutation(
