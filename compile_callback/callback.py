@@ -98,7 +98,8 @@ class CompileCallback(Callback):
     Args:
         regions: ``"auto"`` (profile, then compile and keep what measures faster), ``"model"`` (the
             whole LightningModule's forward), or a list of submodule names / glob patterns with one
-            ``*`` per name component (``["blocks.*", "head"]``).
+            ``*`` per name component (``["blocks.*", "head"]``; ``"self.model"`` for a submodule
+            called ``model``, since ``"model"`` is the whole LightningModule).
         backend: ``torch.compile`` backend: a registered name (``"inductor"``, ``"aot_eager"``, ``"eager"``,
             or one of your own registered with ``torch._dynamo.register_backend``), a dotted import path
             to a backend function (``"my_package.compilers.my_backend"``, the form for YAML), or the
@@ -113,7 +114,8 @@ class CompileCallback(Callback):
         eager_baseline_steps: eager batches timed before compiling, the baseline of
             ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
         warmup_steps: batches not timed at the start and after each compile.
-        trial_steps: timed batches per trial of ``regions="auto"``.
+        trial_steps: timed batches of each side of a trial of ``regions="auto"`` (the candidate, and
+            the plan before it, in alternating blocks).
         min_speedup: a trial is kept only if it is at least this much faster than the plan before it
             (and faster than twice the measured noise).
         max_trials: at most this many trials (each costs a compile).
