@@ -505,9 +505,9 @@ class CompileCallback(Callback):
         planned = trainer.estimated_stepping_batches
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
-        self._memory_high: dict[str, int] = {}  # label -> bytes allocated at the forward/backward boundary
+        self._memory_high = {}  # label -> bytes allocated at the forward/backward boundary
         self._memory_device = pl_module.device
-        self._last_logged_step: int | None = None
+        self._last_logged_step = None
         self.timer = StepTimer(pl_module.device)
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
         if self.regions == AUTO:

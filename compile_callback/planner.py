@@ -431,7 +431,11 @@ class AutoPlanner:
         """Batches a trial runs after its compile: the control window and its own, or the interleaved blocks."""
         if (candidate.mode or self.options.mode) == "reduce-overhead":
             return 2 * (1 + self._trial_length)
-        return 2 * math.ceil(self._trial_length / (INTERLEAVE_BLOCK - 1)) * INTERLEAVE_BLOCK
+        return self._interleaved_blocks() * INTERLEAVE_BLOCK
+
+    def _interleaved_blocks(self) -> int:
+        """Blocks of an interleaved trial: enough for ``_trial_length`` timed steps on each side."""
+        return 2 * math.ceil(self._trial_length / (INTERLEAVE_BLOCK - 1))
 
     def _window(self, label: str) -> Iterator[str | None]:
         """One untimed step, then the trial's length of steps timed under ``label``."""
@@ -456,9 +460,8 @@ class AutoPlanner:
 
         self.timer.settle(label, self._settle_per_shape)
         self.timer.settle(control, self._settle_per_shape)
-        blocks = 2 * math.ceil(self._trial_length / (INTERLEAVE_BLOCK - 1))
         try:
-            for block in range(blocks):
+            for block in range(self._interleaved_blocks()):
                 on = block % 2 == 0
                 switch(on)
                 yield WARMUP
@@ -653,7 +656,7 @@ class AutoPlanner:
         before_ms, after_ms = statistic(before_samples), statistic(after_samples)
         if not before_ms or not after_ms:
             return None, 0.0
-        noise = math.hypot(median_noise(self.timer.samples_ms(before)), median_noise(self.timer.samples_ms(after)))
+        noise = math.hypot(median_noise(before_samples), median_noise(after_samples))
         return before_ms / after_ms, noise
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:

@@ -28,6 +28,8 @@ from compile_callback import torch_internals
 TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-6, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 REDUCED_PRECISION_SLACK = 2.0
 REDUCED_PRECISION_FLOOR = 1e-3
+TINY_SCALE = 1e-3  # a tensor whose RMS is under this share of its kind's RMS is judged against that RMS
+CHUNK = 1 << 24  # elements compared at a time: float32 temporaries of 64 MB, never a float64 copy
 _SEED = 1234
 
 
@@ -48,15 +50,8 @@ def compute_dtype() -> torch.dtype:
     return torch.float32
 
 
-TINY_SCALE = 1e-3  # a tensor whose RMS is under this share of its kind's RMS is judged against that RMS
-
-
-def _chunks(tensor: torch.Tensor) -> list[torch.Tensor]:
-    flat = tensor.detach().reshape(-1)
-    return list(flat.split(CHUNK)) if flat.numel() else []
-
-
-CHUNK = 1 << 24  # elements compared at a time: float32 temporaries of 64 MB, never a float64 copy
+def _chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tensor.detach().reshape(-1).split(CHUNK)
 
 
 def _difference(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, bool]:
