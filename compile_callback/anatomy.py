@@ -49,6 +49,7 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.utils.hooks import RemovableHandle
 
 from compile_callback import telemetry, torch_internals
+from compile_callback.regions import uses_cuda_graphs
 
 BACKWARD_EVENT = "compile_callback::backward"
 STEP_EVENT = "compile_callback::training_step"
@@ -579,15 +580,6 @@ def split_library_calls(calls: dict[str, int]) -> tuple[dict[str, int], dict[str
     fallbacks = {name: n for name, n in calls.items() if name in fallback_names}
     extern = {name: n for name, n in calls.items() if name not in fallback_names}
     return fallbacks, extern
-
-
-def uses_cuda_graphs(regions: Iterable[Any]) -> bool:
-    """Whether a compiled region runs as CUDA graphs (``reduce-overhead`` or Inductor's cudagraphs option)."""
-    for region in regions:
-        options = region.compiled_with
-        if options is not None and (options.mode == "reduce-overhead" or (options.options or {}).get("triton.cudagraphs")):
-            return True
-    return False
 
 
 class OpAnatomy:

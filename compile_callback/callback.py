@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
-from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice, uses_cuda_graphs
+from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
 from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
@@ -50,6 +50,7 @@ from compile_callback.regions import (
     backend_name,
     resolve_backend,
     resolve_regions,
+    uses_cuda_graphs,
 )
 from compile_callback.report import render_markdown, render_table, write_json
 from compile_callback.timing import StepTimer, paired_speedup, summarize

@@ -27,6 +27,7 @@ from compile_callback.regions import (
     guard_region,
     region_name,
     revert_region,
+    uses_cuda_graphs,
 )
 from compile_callback.report import Decision
 from compile_callback.timing import lower_quartile, median_noise, paired_speedup
@@ -682,12 +683,14 @@ class AutoPlanner:
         assert self.profiler is not None
         worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
         for name, module in zip(region.module_names, region.modules):
-            held = self.profiler.held_inputs.get(name)
+            held = self.profiler.held_input(name)
             if held is None:
                 continue
             args, kwargs = held
             if self.verify:
-                result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance)
+                # A kept CUDA-graph region's gradients may live in its graph pool: left where they are.
+                result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
+                                       park_grads=not uses_cuda_graphs(self._kept))
             else:
                 result = warm_call(module, args, kwargs, context=self.context)
             if not result.passed or result.max_rel_error > worst.max_rel_error:

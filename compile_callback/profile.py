@@ -4,8 +4,10 @@ Mechanism only. Forward pre/post hooks bracket each candidate module's forward w
 ``perf_counter`` on CPU); the events are read once profiling ends, so the profiled steps never wait on
 the host. Backward time is estimated as twice the forward time (the usual ratio for matmul- and
 conv-dominated layers); the estimate only orders candidates, the keep/revert decision is measured.
-The first call of each candidate module also holds a detached copy of its inputs, which verification
-replays later.
+The first call of each candidate module also holds a detached copy of its inputs in host memory, which
+verification replays later on the device: held on the GPU, the inputs of every repeated block of a
+transformer stayed allocated beside every later step (HF GPT-2 124M: 0.57 GB above its eager peak, timm
+ViT-B: 0.5 GB, measured on the H200).
 """
 
 from __future__ import annotations
@@ -23,19 +25,27 @@ from compile_callback.timing import elapsed_ms, time_mark
 BACKWARD_TO_FORWARD = 2.0
 
 
-def _detach(value: Any) -> Any:
+def _copy(value: Any, device: torch.device | str) -> Any:
+    """A detached copy of ``value`` (tensors inside lists, tuples and dicts too) on ``device``, strides kept.
+
+    Strides are kept because dynamo guards on them: a contiguous copy of a sliced batch would make
+    verification compile a graph that training never uses. A copy to host memory goes to pinned memory
+    without a sync when it comes from a GPU; its copy back is queued on the same stream, so it is ready
+    whenever the GPU reaches it.
+    """
     if isinstance(value, torch.Tensor):
-        # Same strides as the original: dynamo guards on them, and a contiguous copy of a sliced batch
-        # would make verification compile a graph that training never uses.
-        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
-        copy.copy_(value.detach())
+        device = torch.device(device)
+        pin = device.type == "cpu" and value.is_cuda
+        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device, pin_memory=pin)
+        copy.copy_(value.detach(), non_blocking=pin or copy.is_cuda)
         if value.requires_grad and copy.is_floating_point():
             copy.requires_grad_(True)
         return copy
     if isinstance(value, (list, tuple)):
-        return type(value)(_detach(v) for v in value) if not hasattr(value, "_fields") else type(value)(*(_detach(v) for v in value))
+        items = [_copy(v, device) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
+        return {k: _copy(v, device) for k, v in value.items()}
     return value
 
 
@@ -58,7 +68,8 @@ class RegionProfiler:
         self._handles: list[RemovableHandle] = []
         self._open: dict[str, list[Any]] = defaultdict(list)
         self._spans: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
-        self.held_inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.device = device
+        self.held_inputs: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}  # in host memory
         self.steps = 0
 
     def _now(self) -> Any:
@@ -79,7 +90,7 @@ class RegionProfiler:
             if not torch_internals.forward_is_real(module):
                 return  # Lightning's DDP reroutes training_step through forward: not a forward call
             if name not in self.held_inputs:
-                self.held_inputs[name] = (_detach(args), _detach(kwargs))
+                self.held_inputs[name] = (_copy(args, "cpu"), _copy(kwargs, "cpu"))
             self._open[name].append(self._now())
 
         return hook
@@ -90,6 +101,14 @@ class RegionProfiler:
                 self._spans[name].append((self._open[name].pop(), self._now()))
 
         return hook
+
+    def held_input(self, name: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """The input held for ``name``, copied back to the device for a replay (None if none was held)."""
+        held = self.held_inputs.get(name)
+        if held is None:
+            return None
+        args, kwargs = held
+        return _copy(args, self.device), _copy(kwargs, self.device)
 
     def forward_ms(self) -> dict[str, float]:
         """Mean forward milliseconds per profiled step for each module (waits for pending events)."""

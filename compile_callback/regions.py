@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
 import torch
@@ -236,3 +236,11 @@ def revert_region(region: Region) -> None:
         torch_internals.uncompile_module(module)
     region.compiled_with = None
 
+
+def uses_cuda_graphs(regions: Iterable[Any]) -> bool:
+    """Whether a compiled region runs as CUDA graphs (``reduce-overhead`` or Inductor's cudagraphs option)."""
+    for region in regions:
+        options = region.compiled_with
+        if options is not None and (options.mode == "reduce-overhead" or (options.options or {}).get("triton.cudagraphs")):
+            return True
+    return False

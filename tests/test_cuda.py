@@ -78,3 +78,38 @@ def test_bf16_verification_uses_the_bf16_tolerance(tmp_path):
     trainer.fit(ManySmallOps(), loader(batch_size=8))
     decision = auto.last_report["decisions"][0]
     assert decision["max_rel_error"] is not None and decision["max_rel_error"] < 5e-2, decision
+
+
+def test_verification_parks_gradients_in_host_memory_and_gives_them_back():
+    """The previous step's gradients leave the GPU while verification runs; after it each ``.grad`` is
+    the same tensor (views included) with the same values."""
+    from compile_callback.verify import grads_in_host_memory
+
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).cuda()
+    model(torch.randn(8, 1024, device="cuda")).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    values = [g.clone() for g in grads]
+    view = grads[0][:4]  # a view, as DDP's bucket views are
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    grad_bytes = sum(g.numel() * g.element_size() for g in grads)
+    with grads_in_host_memory(list(model.parameters())):
+        assert torch.cuda.memory_allocated() <= before - grad_bytes + 4096
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(g, v) for g, v in zip(grads, values))
+    assert torch.equal(view, values[0][:4])
+
+
+def test_held_inputs_wait_in_host_memory_and_replay_on_the_gpu_with_their_strides():
+    from compile_callback.profile import RegionProfiler
+
+    layer = nn.Linear(16, 16).cuda()
+    profiler = RegionProfiler({"layer": layer}, torch.device("cuda"))
+    profiler.attach()
+    x = torch.randn(16, 32, device="cuda").t()  # a transposed (non-contiguous) input
+    layer(x)
+    profiler.detach()
+    (held,), _ = profiler.held_inputs["layer"]
+    assert held.device.type == "cpu" and held.is_pinned()
+    (replayed,), _ = profiler.held_input("layer")
+    assert replayed.is_cuda and replayed.stride() == x.stride() and torch.equal(replayed, x)

@@ -14,6 +14,7 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.planner import CONTROL, AutoPlanner
+from compile_callback.profile import RegionProfiler
 from compile_callback.regions import CompileOptions, compile_region, resolve_regions
 from compile_callback.watch import CompileWatch
 
@@ -54,7 +55,9 @@ def make_planner(model: nn.Module, x: torch.Tensor, trial_ms: float) -> AutoPlan
         trial_steps=2, min_speedup=1.05, max_trials=3, verify=True, tolerance=None, agree=lambda v: v,
         remaining_batches=lambda: 10**6, context=lambda: torch.autocast("cpu", enabled=False),
     )
-    planner.profiler = SimpleNamespace(held_inputs={"head": ((x,), {})})
+    profiler = RegionProfiler({"head": model.head}, torch.device("cpu"))
+    profiler.held_inputs["head"] = ((x,), {})
+    planner.profiler = profiler
     watch.add_region(region)
     compile_region(region, planner.options, on_error=planner._failed)  # kept in default mode
     planner.regions.append(region)

@@ -1,0 +1,166 @@
+"""Diagnostic (off-protocol): where a CompileCallback fit's memory peak happens, and what it leaves behind.
+
+Runs a list of steps per workload in one process and writes one JSON line per step to
+``$DOUT/phases.jsonl``. A step is a variant name of ``benchmarks.variants`` or a remedy applied to the
+process between variants:
+
+- ``@gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()``;
+- ``@reset``: ``torch._dynamo.reset()`` (compiled code, guards and CUDA-graph trees dropped).
+
+After every step it records the process state (function/dispatch modes, profiler, module hooks,
+threads, load average, allocator counters, CUDA-graph tree managers) and a host-overhead probe (2,000
+tiny CUDA ops timed on the host). During a variant it records the peak memory of every batch with the
+CompileCallback's phase label, so the batch (and phase) that sets the fit's peak is named.
+
+    DOUT=$OUT/diag python -m benchmarks.diagnostics.phases resnet18_cifar:eager,callback,eager_end,@gc,eager_end,@reset,eager_end
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from benchmarks import runner
+from benchmarks.__main__ import parse_args, resolve_settings
+from benchmarks.measure import StepEnd
+from benchmarks.variants import VARIANTS
+from benchmarks.workloads import make_workload
+
+smoke = not torch.cuda.is_available()
+device = torch.device("cpu" if smoke else "cuda")
+out = os.environ.get("DOUT", "/tmp/phases")
+os.makedirs(out, exist_ok=True)
+batches: list[dict[str, Any]] = []
+
+
+class PeakStepEnd(StepEnd):
+    """StepEnd that also records each batch's peak memory and the callback's phase label."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        label = None
+        for callback in trainer.callbacks:
+            planner = getattr(callback, "planner", None)
+            if planner is not None:
+                label = getattr(planner, "_label", None)
+        if device.type == "cuda":
+            batches.append({
+                "batch": batch_idx, "label": label,
+                "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                "allocated_gb": round(torch.cuda.memory_allocated() / 2**30, 3),
+            })
+            torch.cuda.reset_peak_memory_stats()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+runner.StepEnd = PeakStepEnd
+
+
+def host_probe_ms(ops: int = 2000) -> float:
+    x = torch.ones(8, device=device)
+    for _ in range(100):
+        x = x + 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(ops):
+        x = x + 1
+    elapsed = (time.perf_counter() - start) * 1e3
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return round(elapsed, 2)
+
+
+def state() -> dict[str, Any]:
+    from torch.overrides import _get_current_function_mode_stack
+
+    stats = torch.cuda.memory_stats() if device.type == "cuda" else {}
+    try:
+        from torch._inductor import cudagraph_trees
+
+        containers = cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers") \
+            if torch._C._is_key_in_tls("tree_manager_containers") else {}
+        managers = sum(1 for c in containers.values() if getattr(c, "tree_manager", None) is not None)
+    except Exception as error:  # noqa: BLE001 - a diagnostic: say what failed
+        managers = repr(error)[:200]
+    times = os.times()
+    return {
+        "probe_ms": host_probe_ms(),
+        "probe_ms_gc_off": (gc.disable(), host_probe_ms(), gc.enable())[1],
+        "gc_objects": len(gc.get_objects()),
+        "tree_managers": managers,
+        "fn_modes": [type(m).__name__ for m in _get_current_function_mode_stack()],
+        "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+        "profiler_on": bool(torch.autograd.profiler._is_profiler_enabled),
+        "kineto_on": torch._C._autograd._profiler_enabled(),
+        "sys_profile": repr(sys.getprofile()), "sys_trace": repr(sys.gettrace()),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "loadavg": os.getloadavg(),
+        "children_cpu_s": round(times.children_user + times.children_system, 1),
+        "self_cpu_s": round(times.user + times.system, 1),
+        "grad": torch.is_grad_enabled(), "anomaly": torch.is_anomaly_enabled(),
+        "cudnn": [torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic],
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "global_module_hooks": [len(getattr(torch.nn.modules.module, n)) for n in (
+            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks")],
+        "saved_tensor_hooks_top": repr(torch._C._autograd._top_saved_tensors_default_hooks(False)),
+        "device_allocs": stats.get("num_device_alloc"), "device_frees": stats.get("num_device_free"),
+        "alloc_retries": stats.get("num_alloc_retries"),
+        "segments": stats.get("segment.all.current"),
+        "reserved_gb": round(torch.cuda.memory_reserved() / 2**30, 3) if device.type == "cuda" else 0,
+        "allocated_gb": round(torch.cuda.memory_allocated() / 2**30, 3) if device.type == "cuda" else 0,
+    }
+
+
+def write(line: dict[str, Any]) -> None:
+    print("[phases]", json.dumps({k: v for k, v in line.items() if k not in ("batches", "step_ms_all")}),
+          file=sys.stderr, flush=True)
+    with open(os.path.join(out, "phases.jsonl"), "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def run(spec: str) -> None:
+    name, steps = spec.split(":")
+    args = parse_args(["--workload", name, "--out", out] + (["--smoke"] if smoke else []))
+    settings = resolve_settings(args, name, device, args.out)
+    workload = make_workload(name, device=device, smoke=smoke)
+    initial = runner.initial_state(workload, settings.device, seed=settings.seed)
+    runner.warm_up_process(workload, settings, initial)
+    write({"workload": name, "step": "start", **state()})
+    for step in steps.split(","):
+        batches.clear()
+        if step == "@gc":
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            write({"workload": name, "step": step, **state()})
+            continue
+        if step == "@reset":
+            torch._dynamo.reset()
+            gc.collect()
+            write({"workload": name, "step": step, **state()})
+            continue
+        record = runner.run_variant(workload, VARIANTS[step], settings, initial)
+        peak = max(batches, key=lambda b: b["peak_gb"]) if batches else None
+        by_label: dict[str, float] = {}
+        for b in batches:
+            by_label[str(b["label"])] = max(by_label.get(str(b["label"]), 0.0), b["peak_gb"])
+        callback = record.get("callback") or {}
+        write({
+            "workload": name, "step": step, "status": record.get("status"), "error": record.get("error"),
+            "median_ms": record.get("median_ms"), "peak_batch": peak, "peak_by_label": by_label,
+            "decisions": [{k: d.get(k) for k in ("region", "mode", "kept", "speedup", "reason", "max_rel_error")}
+                          for d in callback.get("decisions", [])],
+            "memory": {k: v for k, v in callback.get("summary", {}).items() if "memory" in k or "peak" in k},
+            **state(), "batches": list(batches), "step_ms_all": record.get("step_ms_all"),
+        })
+
+
+for spec in sys.argv[1:]:
+    run(spec)
