@@ -40,6 +40,7 @@ from compile_callback.padding import (
     first_loader,
 )
 from compile_callback.regions import revert_region
+from compile_callback.verify import optimizer_state_tensors
 from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, mark_not_kept
 from compile_callback.regions import (
@@ -531,6 +532,7 @@ class CompileCallback(Callback):
                 agree_all=lambda value: trainer.strategy.reduce_boolean_decision(bool(value), all=True),
                 remaining_batches=lambda: self._remaining_batches(trainer),
                 context=trainer.precision_plugin.forward_context,
+                idle_state=lambda: optimizer_state_tensors(trainer.optimizers),
             )
         else:
             regions = resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)

@@ -218,6 +218,7 @@ class AutoPlanner:
         remaining_batches: Callable[[], int],
         context: Callable[[], Any],
         agree_all: Callable[[bool], bool] = bool,
+        idle_state: Callable[[], list[torch.Tensor]] = list,
     ) -> None:
         self.root = root
         self.options = options
@@ -236,6 +237,7 @@ class AutoPlanner:
         self.agree_all = agree_all  # true on every rank only if true on all: correctness
         self.remaining_batches = remaining_batches
         self.context = context
+        self.idle_state = idle_state  # tensors no forward or backward reads (the optimizer's state)
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
@@ -688,9 +690,8 @@ class AutoPlanner:
                 continue
             args, kwargs = held
             if self.verify:
-                # A kept CUDA-graph region's gradients may live in its graph pool: left where they are.
                 result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
-                                       park_grads=not uses_cuda_graphs(self._kept))
+                                       park=self._between_steps())
             else:
                 result = warm_call(module, args, kwargs, context=self.context)
             if not result.passed or result.max_rel_error > worst.max_rel_error:
@@ -704,6 +705,14 @@ class AutoPlanner:
                 worst, passed=False, where=f"{worst.where} on this rank; another rank's compiled code failed its check"
             )
         return dataclasses.replace(worst, passed=passed)
+
+    def _between_steps(self) -> list[torch.Tensor]:
+        """What waits between two steps and is not read by verification's runs: the optimizer's state and
+        the last step's gradients (except where a kept CUDA-graph region's pool may own them)."""
+        tensors = list(self.idle_state())
+        if not uses_cuda_graphs(self._kept):
+            tensors += [p.grad for p in self.root.parameters() if p.grad is not None]
+        return tensors
 
     @staticmethod
     def _failure_reason(verdict: VerificationResult) -> str:

@@ -2,9 +2,9 @@
 
 Mechanism only. The region's modules are called on inputs held from an eager step, once compiled and
 once eager, and their outputs and the gradients of their parameters (and of their differentiable
-inputs) are compared. Nothing observable changes: gradients come from ``torch.autograd.grad`` (each
-``.grad`` keeps its identity and values; its memory waits in host memory meanwhile), buffers (BatchNorm
-statistics) are restored, both runs draw the same random
+inputs) are compared. Nothing observable changes: gradients come from ``torch.autograd.grad`` (no
+``.grad`` is written; the old ones may wait in host memory meanwhile), buffers (BatchNorm statistics)
+are restored, both runs draw the same random
 numbers (inductor's ``fallback_random``, the same seed) and the RNG streams are restored afterwards.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -155,20 +155,20 @@ def _backward_weights(tensor: torch.Tensor, generator: torch.Generator) -> torch
 
 
 @contextlib.contextmanager
-def grads_in_host_memory(parameters: list[nn.Parameter]) -> Iterator[None]:
-    """Moves the ``.grad`` memory of ``parameters`` to the host while the block runs, and back.
+def in_host_memory(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Moves the GPU memory of ``tensors`` to the host while the block runs, and back.
 
     Verification runs between two training steps, where the previous step's gradients are still alive
-    (Lightning sets them to None only after the next forward): beside verification's own gradients they
-    were one model's gradients above the eager peak (HF GPT-2 124M: 0.47 GB on the H200). Each storage is
-    emptied and refilled in place (``resize_``), so every ``.grad`` keeps its identity, its views (DDP's
-    bucket views) and its values.
+    (Lightning sets them to None only after the next forward) and the optimizer's state waits for the
+    next step: neither is read by a forward and backward. Beside verification's own gradients, the old
+    ones were one model's gradients above the eager peak (HF GPT-2 124M: 0.47 GB on the H200). Each
+    storage is emptied and refilled in place (``resize_``), so every tensor keeps its identity, its
+    views (DDP's bucket views) and its values.
     """
     storages: dict[int, torch.UntypedStorage] = {}
-    for parameter in parameters:
-        grad = parameter.grad
-        if grad is not None and grad.is_cuda and grad.untyped_storage().nbytes():
-            storages.setdefault(grad.untyped_storage().data_ptr(), grad.untyped_storage())
+    for tensor in tensors:
+        if tensor.is_cuda and tensor.untyped_storage().nbytes():
+            storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage())
     parked: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
     try:
         for storage in storages.values():
@@ -181,6 +181,12 @@ def grads_in_host_memory(parameters: list[nn.Parameter]) -> Iterator[None]:
         for storage, host in parked:
             storage.resize_(host.numel())
             _bytes(storage).copy_(host)
+
+
+def optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """The tensors of the optimizers' state (Adam's moments: twice the parameters' memory)."""
+    return [value for optimizer in optimizers for state in optimizer.state.values()
+            for value in state.values() if isinstance(value, torch.Tensor)]
 
 
 def _bytes(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -220,7 +226,7 @@ def verify_module(
     *,
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     tolerance: float | None = None,
-    park_grads: bool = True,
+    park: Sequence[torch.Tensor] = (),
 ) -> VerificationResult:
     """Compares ``module`` (compiled in place) against its eager self on ``args``/``kwargs``.
 
@@ -229,8 +235,8 @@ def verify_module(
         args, kwargs: the held input.
         context: the training step's forward context (e.g. the precision plugin's autocast).
         tolerance: max relative error allowed; default by compute dtype (:data:`TOLERANCE`).
-        park_grads: hold the parameters' ``.grad`` in host memory meanwhile (:func:`grads_in_host_memory`);
-            off where a CUDA-graph pool may own them.
+        park: tensors the two runs do not read (the last step's gradients, the optimizer's state), held
+            in host memory meanwhile (:func:`in_host_memory`).
 
     Returns:
         The result; errors raised by the compiled call are returned as a failed result, not raised.
@@ -261,8 +267,7 @@ def verify_module(
     # regions that draw random numbers (active dropout): elsewhere the graph verified here is the
     # one the training steps and a warm restart's cache lookups use.
     fallback = torch_internals.fallback_random() if _draws_random_numbers(module) else contextlib.nullcontext()
-    parked = grads_in_host_memory(list(module.parameters())) if park_grads else contextlib.nullcontext()
-    with torch.random.fork_rng(devices=cuda_devices(module)), parked, context():
+    with torch.random.fork_rng(devices=cuda_devices(module)), in_host_memory(park), context():
         dtype = compute_dtype()
         limit = tolerance if tolerance is not None else TOLERANCE.get(dtype, 1e-3)
         stage = "eager reference"

@@ -83,7 +83,7 @@ def test_bf16_verification_uses_the_bf16_tolerance(tmp_path):
 def test_verification_parks_gradients_in_host_memory_and_gives_them_back():
     """The previous step's gradients leave the GPU while verification runs; after it each ``.grad`` is
     the same tensor (views included) with the same values."""
-    from compile_callback.verify import grads_in_host_memory
+    from compile_callback.verify import in_host_memory
 
     model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).cuda()
     model(torch.randn(8, 1024, device="cuda")).sum().backward()
@@ -93,7 +93,7 @@ def test_verification_parks_gradients_in_host_memory_and_gives_them_back():
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     grad_bytes = sum(g.numel() * g.element_size() for g in grads)
-    with grads_in_host_memory(list(model.parameters())):
+    with in_host_memory(grads):
         assert torch.cuda.memory_allocated() <= before - grad_bytes + 4096
     assert all(p.grad is g for p, g in zip(model.parameters(), grads))
     assert all(torch.equal(g, v) for g, v in zip(grads, values))
