@@ -40,6 +40,7 @@ from compile_callback.padding import (
     first_loader,
 )
 from compile_callback.regions import revert_region
+from compile_callback.memory import room_bytes
 from compile_callback.verify import optimizer_state_tensors
 from compile_callback.watch import SHAPE
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, mark_not_kept
@@ -283,6 +284,8 @@ class CompileCallback(Callback):
         self._warned_host_syncs = False
         self._on_gpu = False
         self._memory_high: dict[str, int] = {}
+        self._activations_high: dict[str, int] = {}
+        self._memory_at_start = 0
         self._memory_device: torch.device | None = None
         self._last_logged_step: int | None = None
         self._planned_batches: int | None = None
@@ -508,6 +511,8 @@ class CompileCallback(Callback):
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self._memory_high = {}  # label -> bytes allocated at the forward/backward boundary
+        self._activations_high = {}  # label -> the same less what was allocated when the batch started
+        self._memory_at_start = 0
         self._memory_device = pl_module.device
         self._last_logged_step = None
         self.timer = StepTimer(pl_module.device)
@@ -533,6 +538,8 @@ class CompileCallback(Callback):
                 remaining_batches=lambda: self._remaining_batches(trainer),
                 context=trainer.precision_plugin.forward_context,
                 idle_state=lambda: optimizer_state_tensors(trainer.optimizers),
+                activation_bytes=lambda: self._activations_high.get(EAGER),
+                room_bytes=lambda: room_bytes(pl_module.device),
             )
         else:
             regions = resolve_regions(pl_module, [MODEL] if self.regions == MODEL else self.regions)
@@ -638,6 +645,8 @@ class CompileCallback(Callback):
                 graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
+        if self._on_gpu:
+            self._memory_at_start = torch.cuda.memory_allocated(pl_module.device)
         self._host_start = time.perf_counter()
         self.timer.start()
 
@@ -747,6 +756,8 @@ class CompileCallback(Callback):
             # the allocator's counters (host-side, no sync) for the eager baseline and the plan alike.
             allocated = torch.cuda.memory_allocated(pl_module.device)
             self._memory_high[self._label] = max(self._memory_high.get(self._label, 0), allocated)
+            activations = allocated - self._memory_at_start
+            self._activations_high[self._label] = max(self._activations_high.get(self._label, 0), activations)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)

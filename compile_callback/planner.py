@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
+from compile_callback.memory import graph_pool_misfit
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
     MODEL,
@@ -219,6 +220,8 @@ class AutoPlanner:
         context: Callable[[], Any],
         agree_all: Callable[[bool], bool] = bool,
         idle_state: Callable[[], list[torch.Tensor]] = list,
+        activation_bytes: Callable[[], int | None] = lambda: None,
+        room_bytes: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.root = root
         self.options = options
@@ -238,6 +241,8 @@ class AutoPlanner:
         self.remaining_batches = remaining_batches
         self.context = context
         self.idle_state = idle_state  # tensors no forward or backward reads (the optimizer's state)
+        self.activation_bytes = activation_bytes  # the eager step's activations (memory.graph_pool_misfit)
+        self.room_bytes = room_bytes  # what a new reservation can take now (memory.room_bytes)
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
@@ -369,8 +374,10 @@ class AutoPlanner:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
             yield from self._window(control)
-            if self.device.type == "cuda":
-                release_device_memory()  # the graph pool is a new reservation: hand back eager's cached blocks
+            misfit = self._graph_pool_misfit()
+            if misfit is not None:
+                self._decide(candidate, options, kept=False, reason=misfit)
+                return None
         self._last_failure = ""
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
@@ -482,9 +489,12 @@ class AutoPlanner:
             return
         control = "trial:reduce-overhead" + CONTROL
         yield from self._window(control)  # the kept plan, right before (see _trial)
-        if self.device.type == "cuda":
-            release_device_memory()  # as in _trial: room for the graph pool under a memory cap
         kept = list(self._kept)
+        misfit = self._graph_pool_misfit()
+        if misfit is not None:
+            self.decisions.append(Decision(region="+".join(r.name for r in kept), modules=[n for r in kept for n in r.module_names],
+                                           mode="reduce-overhead", kept=False, reason=misfit, step=self._batch_index))
+            return
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
         saved_with = {id(r): r.compiled_with for r in kept}
         options = dataclasses.replace(self.options, mode="reduce-overhead")
@@ -705,6 +715,13 @@ class AutoPlanner:
                 worst, passed=False, where=f"{worst.where} on this rank; another rank's compiled code failed its check"
             )
         return dataclasses.replace(worst, passed=passed)
+
+    def _graph_pool_misfit(self) -> str | None:
+        """Before a CUDA-graph trial: hands eager's cached blocks back (the pool is a new reservation), then
+        says why the pool would not fit, or None; rank 0's answer on every rank."""
+        if self.device.type == "cuda":
+            release_device_memory()
+        return self.agree(graph_pool_misfit(self.activation_bytes(), self.room_bytes()))
 
     def _between_steps(self) -> list[torch.Tensor]:
         """What waits between two steps and is not read by verification's runs: the optimizer's state and

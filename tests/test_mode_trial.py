@@ -127,3 +127,29 @@ def test_a_failure_on_another_rank_is_a_failure_here():
     decision = planner.decisions[-1]
     assert not decision.kept and decision.reason.endswith("during the trial: on another rank"), decision.reason
     assert planner.regions[0].is_compiled and planner.regions[0].compiled_with.mode is None
+
+
+def test_a_cuda_graph_plan_that_would_not_fit_is_not_tried():
+    """Eager's step needed 3 GB of activations and 1 GB is free: the pool is not recorded, the
+    default-mode plan stays, and the report says why with both figures."""
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    (region,) = planner.regions
+    default_call = torch_internals.compiled_call(region.modules[0])
+    planner.activation_bytes = lambda: 3 * 2**30
+    planner.room_bytes = lambda: 2**30
+    drive(planner, model, x)
+    decision = planner.decisions[-1]
+    assert not decision.kept and decision.mode == "reduce-overhead"
+    assert decision.reason == ("not tried: its CUDA-graph pool would hold up to 3.0 GB (the eager step's "
+                               "activations) and 1.0 GB are free"), decision.reason
+    assert region.compiled_with.mode is None and torch_internals.compiled_call(region.modules[0]) is default_call
+
+
+def test_a_cuda_graph_plan_that_fits_is_tried():
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    planner.activation_bytes = lambda: 2**30
+    planner.room_bytes = lambda: 3 * 2**30
+    drive(planner, model, x)
+    assert planner.decisions[-1].kept and planner.decisions[-1].mode == "reduce-overhead"

@@ -5,7 +5,12 @@ Runs a list of steps per workload in one process and writes one JSON line per st
 process between variants:
 
 - ``@gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()``;
-- ``@reset``: ``torch._dynamo.reset()`` (compiled code, guards and CUDA-graph trees dropped).
+- ``@reset``: ``torch._dynamo.reset()`` (compiled code, guards and CUDA-graph trees dropped);
+- ``%<variant>``: the variant run under cProfile, its top functions by own time written to
+  ``$DOUT/profile-<n>-<variant>.txt`` (where an eager run's host time goes).
+
+``callback_pad_inductor`` is ``callback_pad`` with Inductor even in a CPU smoke run (whose callback
+variants otherwise use the "eager" backend).
 
 After every step it records the process state (function/dispatch modes, profiler, module hooks,
 threads, load average, allocator counters, CUDA-graph tree managers) and a host-overhead probe (2,000
@@ -17,8 +22,11 @@ CompileCallback's phase label, so the batch (and phase) that sets the fit's peak
 
 from __future__ import annotations
 
+import cProfile
 import gc
+import io
 import json
+import pstats
 import os
 import sys
 import threading
@@ -30,7 +38,7 @@ import torch
 from benchmarks import runner
 from benchmarks.__main__ import parse_args, resolve_settings
 from benchmarks.measure import StepEnd
-from benchmarks.variants import VARIANTS
+from benchmarks.variants import VARIANTS, Variant
 from benchmarks.workloads import make_workload
 
 smoke = not torch.cuda.is_available()
@@ -60,6 +68,9 @@ class PeakStepEnd(StepEnd):
 
 
 runner.StepEnd = PeakStepEnd
+VARIANTS["callback_pad_inductor"] = Variant(
+    "callback_pad_inductor", "CompileCallback(pad='auto', backend='inductor')", callback={"pad": "auto", "backend": "inductor"}
+)
 
 
 def host_probe_ms(ops: int = 2000) -> float:
@@ -146,7 +157,19 @@ def run(spec: str) -> None:
             gc.collect()
             write({"workload": name, "step": step, **state()})
             continue
+        profiled = step.startswith("%")
+        step = step.lstrip("%")
+        profiler = cProfile.Profile() if profiled else None
+        if profiler is not None:
+            profiler.enable()
         record = runner.run_variant(workload, VARIANTS[step], settings, initial)
+        if profiler is not None:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+            path = os.path.join(out, f"profile-{len(os.listdir(out))}-{step}.txt")
+            with open(path, "w") as handle:
+                handle.write(text.getvalue())
         peak = max(batches, key=lambda b: b["peak_gb"]) if batches else None
         by_label: dict[str, float] = {}
         for b in batches:

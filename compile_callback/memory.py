@@ -1,0 +1,43 @@
+"""Device memory: how much a new reservation can still take, and whether a CUDA-graph pool fits in it.
+
+Mechanism only, read from ``torch.cuda``'s host-side counters (no device sync).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GB = 2.0**30
+
+
+def room_bytes(device: torch.device) -> int | None:
+    """Bytes a new reservation could still take on ``device``, or None off CUDA.
+
+    The device's free memory plus the allocator's cached but unused blocks (``empty_cache`` hands them
+    back), and no more than the process's share under ``torch.cuda.set_per_process_memory_fraction``
+    (a smaller or fuller card: allocations past it raise ``torch.OutOfMemoryError``).
+    """
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    room = free + torch.cuda.memory_reserved(device) - allocated
+    fraction = torch.cuda.get_per_process_memory_fraction(device)
+    if fraction < 1.0:
+        room = min(room, int(fraction * total) - allocated)
+    return max(room, 0)
+
+
+def graph_pool_misfit(activations: int | None, room: int | None) -> str | None:
+    """Why a CUDA-graph plan would not fit, or None if it may.
+
+    Args:
+        activations: bytes the eager step allocated beyond what lives between steps (its activations,
+            read at the forward/backward boundary): a CUDA-graph pool holds the compiled step's, which
+            are no more than eager's (on the H200 HF GPT-2's plan peaked at 8.2 GB against 13.3 eager).
+        room: what a new reservation can take (:func:`room_bytes`), eager's cached blocks handed back.
+    """
+    if activations is None or room is None or activations <= room:
+        return None
+    return (f"not tried: its CUDA-graph pool would hold up to {activations / GB:.1f} GB (the eager step's "
+            f"activations) and {room / GB:.1f} GB are free")
