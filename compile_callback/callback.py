@@ -273,6 +273,7 @@ class CompileCallback(Callback):
         self.on_recompile = on_recompile
         self.max_recompiles_per_epoch = max_recompiles_per_epoch
         self.pad = list(pad) if isinstance(pad, (list, tuple)) else pad
+        self._pad_asked = self.pad  # the churn policy may turn padding on for one fit (see _act)
         self.pad_max_buckets = pad_max_buckets
         self.pad_multiple = pad_multiple
         self.pad_short_batch = pad_short_batch
@@ -348,6 +349,8 @@ class CompileCallback(Callback):
                 detail = "; ".join(f"{name!r} (close: {', '.join(close) or 'none'})" for name, close in hints.items())
                 raise ValueError(f"`options` names Inductor options that do not exist: {detail}. Use names from "
                                  f"torch._inductor.list_options(), dotted for nested ones ('triton.cudagraphs').")
+        if stage == "fit":
+            self._begin_fit()
         if self.pad is not None and stage == "fit":
             self._static_buckets = False
             self._loaders_padded.clear()
@@ -490,6 +493,24 @@ class CompileCallback(Callback):
             )
         if "val" not in self._loaders_padded and trainer.val_dataloaders is not None:
             self._pad_validation(trainer.val_dataloaders)
+
+    def _begin_fit(self) -> None:
+        """Forgets the previous fit: one callback through two ``trainer.fit`` calls (a notebook, a sweep)
+        takes its eager baseline and decides in the second as in the first. A resumed fit's state comes
+        after this, from ``load_state_dict``."""
+        self.pad = self._pad_asked
+        self._batch_index = 0
+        self._label = None
+        self._notes = []
+        self._churn_actions = []
+        self._churn_pending = []
+        self._recompiles_seen = 0
+        self._fallbacks_seen = 0
+        self._padding_seen = PaddingStats()
+        self._ranks = None
+        self._rank_note = None
+        self._loaded_state = None
+        self._last_report = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Runs on every rank after the strategy has moved and wrapped the model: compiling in place

@@ -121,6 +121,13 @@ MUTATIONS = [
         new="every_rank_here=False",
         tests=("tests/test_ddp.py::test_churn_is_agreed_within_an_epoch_too",),
     ),
+    Mutation(
+        name="a second fit of the same callback starts from the first fit's state",
+        path="compile_callback/callback.py",
+        old="        if stage == \"fit\":\n            self._begin_fit()\n",
+        new="",
+        tests=("tests/test_resume.py::test_one_callback_through_two_fits_decides_alike_in_each",),
+    ),
 ]
 
 

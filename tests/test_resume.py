@@ -48,3 +48,21 @@ def test_resume_compiles_the_saved_plan_without_new_trials(tmp_path):
     assert torch_internals.unique_graphs() == graphs + 1
     assert model.eager_forwards == 0
     assert second.last_report["summary"]["batches"] == 3 * 12
+
+
+def test_one_callback_through_two_fits_decides_alike_in_each(tmp_path):
+    """A notebook or a sweep reuses the callback: the second fit of a new model takes its own eager
+    baseline and decides at the same batch, with nothing carried over (batches, notes, churn)."""
+    callback = auto_callback()
+    reports, eager_steps = [], []
+    for _ in range(2):
+        torch._dynamo.reset()
+        make_trainer(tmp_path, [callback], max_epochs=2).fit(FasterCompiled(), loader(batch_size=8))
+        reports.append(callback.last_report)
+        eager_steps.append(callback.timer.count("eager"))
+    first, second = reports
+    assert [d["step"] for d in second["decisions"]] == [d["step"] for d in first["decisions"]], reports
+    assert [(d["region"], d["kept"]) for d in second["decisions"]] == [("model", True)]
+    assert second["summary"]["batches"] == first["summary"]["batches"] == 24
+    assert second["summary"]["speedup"] is not None and second["summary"]["speedup"] > 1.5
+    assert eager_steps[0] == eager_steps[1] > 0  # the second fit timed its own eager baseline
