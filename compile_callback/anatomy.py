@@ -32,9 +32,11 @@ interval reads values, the next one is watched with a ``TorchFunctionMode`` that
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 import os
+import sys
 import threading
 import time
 import warnings
@@ -170,6 +172,28 @@ def count_ops(events: Iterable[Any]) -> StepOps:
     return result
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Any:
+    """Torch's profiler (kineto, torch 2.14) prints ``USDT:... profiler_start`` / ``profiler_stop`` on the
+    process's stderr at every start and stop: ten lines in one ``make run`` that the user never asked
+    for. Only the callback's own start and stop calls run with file descriptor 2 pointed at the null
+    device; a profiler of the user's, and everything else, prints as before."""
+    try:
+        sys.stderr.flush()  # what Python already wrote goes out first
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real stderr (embedded, closed): nothing to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def _start_cpu_profiler() -> torch.profiler.profile | None:
     """A started ``torch.profiler`` of CPU ops, or None when another profiler runs or it cannot start
     (then nothing is measured and training goes on)."""
@@ -179,7 +203,8 @@ def _start_cpu_profiler() -> torch.profiler.profile | None:
     try:
         with warnings.catch_warnings():  # "clears events at the end of each cycle": one cycle is all we use
             warnings.simplefilter("ignore", UserWarning)
-            profiler.start()
+            with _native_stderr_silenced():
+                profiler.start()
     except RuntimeError:
         return None
     return profiler
@@ -268,7 +293,8 @@ class StepSampler:
             self._module = None
         profiler, self._profiler = self._profiler, None
         started = time.perf_counter()
-        profiler.stop()
+        with _native_stderr_silenced():
+            profiler.stop()
         ops = count_ops(profiler.events())
         self.processing_seconds += time.perf_counter() - started
         return ops
@@ -498,7 +524,8 @@ class BetweenStepsProbe:
             if recorder is not None:
                 recorder.__exit__(None, None, None)
         finally:
-            profiler.stop()
+            with _native_stderr_silenced():
+                profiler.stop()
         return profiler
 
     def abort(self) -> None:

@@ -269,3 +269,19 @@ def test_resume_keeps_the_eager_reference(tmp_path):
     anatomy = second.last_report["anatomy"]
     assert anatomy["step_ops"] == first.last_report["anatomy"]["step_ops"]
     assert anatomy["graph_coverage"] == 1.0
+
+
+def test_the_anatomy_samples_print_nothing_a_users_profiler_would(tmp_path, capfd):
+    """Torch's profiler prints ``profiler_start`` / ``profiler_stop`` lines at each start and stop (torch
+    2.14 on CPU): a profiler of the user's still does; the callback's samples (step samples and
+    between-steps probes) must not."""
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    profiler.start()
+    torch.ones(2) + 1
+    profiler.stop()
+    if "profiler_start" not in capfd.readouterr().err:
+        pytest.skip(f"torch {torch.__version__}'s profiler prints nothing here: nothing to silence")
+    callback = CompileCallback("model", backend="aot_eager", **FAST)
+    fit(tmp_path, LossInForward(), callback, epochs=2)
+    assert callback.last_report["anatomy"]["step_ops"] > 0  # the samples ran
+    assert "profiler_start" not in capfd.readouterr().err
