@@ -2,6 +2,7 @@
 
 from compile_callback.callback import CompileCallback
 from compile_callback.collate import PadCollate, PaddingStats, ShapeCensus, choose_buckets, padding_waste
+from compile_callback.loaders import rewrap_collate
 from compile_callback.regions import CompileOptions, Region, compile_region, resolve_regions, revert_region
 from compile_callback.report import Decision
 from compile_callback.timing import StepTimer
@@ -22,5 +23,6 @@ __all__ = [
     "padding_waste",
     "resolve_regions",
     "revert_region",
+    "rewrap_collate",
 ]
 __version__ = "0.1.0"

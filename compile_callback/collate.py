@@ -527,7 +527,7 @@ class PadCollate:
       field) would see the fillers.
     - ``"drop"``: a collate function cannot drop a batch (whatever it returns reaches the training
       step), so dropping is the DataLoader's ``drop_last=True``
-      (``compile_callback.loaders.rewrap_collate(..., drop_last=True)``); this mode asserts that:
+      (``compile_callback.rewrap_collate(..., drop_last=True)``); this mode asserts that:
       a short batch reaching the collate raises with that fix.
 
     Args:
@@ -859,7 +859,7 @@ class PadCollate:
             raise ValueError(
                 f"PadCollate(short_batch='drop') got a short batch of {real_count} samples (batch_size="
                 f"{self.batch_size}). A collate function cannot drop a batch: build the DataLoader with "
-                "drop_last=True (compile_callback.loaders.rewrap_collate(loader, wrap, drop_last=True)), or "
+                "drop_last=True (compile_callback.rewrap_collate(loader, wrap, drop_last=True)), or "
                 "use short_batch='pad'."
             )
         layout = self._layout(samples[0])

@@ -90,10 +90,15 @@ def test_modes_need_inductor_even_for_a_callable():
 
 
 def test_the_readme_public_api_is_importable():
-    from compile_callback import PadCollate, choose_buckets
+    from compile_callback import PadCollate, choose_buckets, rewrap_collate
 
     edges = choose_buckets([10, 12, 30, 31, 64], max_buckets=2, multiple=8)
     assert len(edges) <= 2 and max(edges) >= 64
     collate = PadCollate(sequence_buckets=edges)
     batch = collate([{"input_ids": torch.ones(10, dtype=torch.long)}, {"input_ids": torch.ones(12, dtype=torch.long)}])
     assert batch["input_ids"].shape[1] in edges
+    samples = [{"input_ids": torch.ones(n, dtype=torch.long)} for n in (10, 12, 30)]
+    loader = torch.utils.data.DataLoader(samples, batch_size=3, collate_fn=lambda b: b)
+    padded = rewrap_collate(loader, lambda _: PadCollate(sequence_buckets=edges))
+    (batch,) = list(padded)
+    assert batch["input_ids"].shape == (3, min(e for e in edges if e >= 30))

@@ -9,7 +9,7 @@ collector on and off. A state field that changes after `callback_pad`, together 
 slows, names the cause; a probe that slows only with gc on points at the heap.
 
 Run on the H200 from the repo root (PYTHONPATH=.):
-    DOUT=$OUT/after python benchmarks/results/drift-diag/after_effect.py eager callback_pad eager_end
+    DOUT=$OUT/after python benchmarks/diagnostics/after_effect_v1.py eager callback_pad eager_end
 """
 
 import gc

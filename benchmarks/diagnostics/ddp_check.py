@@ -1,6 +1,6 @@
 """Diagnostic for the two-GPU DDP run (#10): do the callback's compiled steps train like eager ones?
 
-Runs one recipe (``python benchmarks/results/ddp-2gpu/check.py OUT_JSON CONFIG [overrides...]``) with
+Runs one recipe (``python benchmarks/diagnostics/ddp_check.py OUT_JSON CONFIG [overrides...]``) with
 one more callback that keeps every training step's loss on each rank (on the device, read once at the
 end) and, after the fit, a float64 checksum of every parameter on each rank. DDP keeps the ranks'
 parameters identical, so the checksums must agree exactly; and a compiled run's loss curve must track

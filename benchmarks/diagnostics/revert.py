@@ -1,6 +1,6 @@
 """Diagnostic run of session 5 (off-protocol): eager, then CompileCallback(), then eager again in one process,
 with 12 traced steps each and the process state after each variant (profiler, modes, allocator). Ran on the
-H200 from the repo root as `DOUT=/tmp/d python benchmarks/results/revert-diag/diag_revert.py eager callback eager`
+H200 from the repo root as `DOUT=/tmp/d python benchmarks/diagnostics/revert.py eager callback eager`
 (PYTHONPATH=.); its output is this folder. Kept for the record, not part of the benchmark command."""
 import json, os, sys, statistics, torch
 from benchmarks.__main__ import parse_args, resolve_settings
