@@ -408,15 +408,7 @@ class AutoPlanner:
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
-        speedup, noise = self._speedup(control, label)
-        threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
-        # Kept only if faster by the medians and by the lower quartiles alike: interference (a busy host,
-        # a logger's first write) adds time to a few steps of either side and moves one statistic of a
-        # short trial far (on 2 loaded CPU cores an unchanged model read 2.4x by medians, and 1.35x by
-        # lower quartiles at 1.04x by medians). On a quiet GPU the two agree within a percent. A region
-        # so reverted costs a missed speedup; one wrongly kept, a slower run.
-        low = self._speedup(control, label, statistic=lower_quartile)[0]
-        keep = bool(self.agree(speedup is not None and low is not None and min(speedup, low) >= threshold))
+        speedup, noise, low, threshold, keep = self._verdict(control, label)
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
         how = "between its own steps" if interleaved else "right before it"
         if keep:
@@ -504,8 +496,8 @@ class AutoPlanner:
         verdict = self._verify(group)
         label = "trial:reduce-overhead"
         keep, survived = False, True
-        trial_ms = speedup = None
-        noise = 0.0
+        trial_ms = speedup = low = None
+        noise, threshold = 0.0, self.min_speedup
         failures: list[str] = []
 
         def on_error(region: Region, error: BaseException) -> None:
@@ -538,12 +530,12 @@ class AutoPlanner:
             if survived:
                 trial_ms = self.timer.median_ms(label, wait=True)
                 current_ms = self.timer.median_ms(control, wait=True) or current_ms
-                speedup, noise = self._speedup(control, label)
-                keep = bool(self.agree(speedup is not None and speedup >= self.min_speedup))
+                speedup, noise, low, threshold, keep = self._verdict(control, label)
         if keep:
             for region in kept:
                 region.compiled_with = options
-            reason = f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode, timed right before"
+            reason = (f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode, timed right before "
+                      f"({low:.3f}x by lower quartiles; threshold {threshold:.3f}x)")
         else:
             restore()
             if not verdict.passed:
@@ -551,7 +543,8 @@ class AutoPlanner:
             elif not survived:
                 reason = f"CUDA graphs failed at run time during the trial: {failures[0] if failures else 'on another rank'}"
             else:
-                reason = f"CUDA graphs not faster: {speedup:.3f}x" if speedup else "no steady steps could be timed"
+                reason = (f"CUDA graphs not faster: {speedup:.3f}x ({low:.3f}x by lower quartiles; threshold "
+                          f"{threshold:.3f}x)" if speedup and low else "no steady steps could be timed")
         self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
@@ -653,6 +646,22 @@ class AutoPlanner:
     def _recurring(self, shapes: int, steps: int) -> bool:
         """A few shapes that come back (at most ``trial_steps``, in at most two thirds of the steps)."""
         return 1 < shapes <= min(self.trial_steps, (2 * steps) // 3)
+
+    def _verdict(self, control: str, label: str) -> tuple[float | None, float, float | None, float, bool]:
+        """The keep rule of every trial: ``(speedup, noise, lower-quartile speedup, threshold, keep)``.
+
+        Kept only if faster by the medians and by the lower quartiles alike, each by more than
+        ``min_speedup`` and twice the noise: interference (a busy host, a logger's first write) adds
+        time to a few steps of either side and moves one statistic of a short trial far (on 2 loaded CPU
+        cores an unchanged model read 2.4x by medians, and 1.35x by lower quartiles at 1.04x by medians).
+        On a quiet GPU the two agree within a percent. A region so reverted costs a missed speedup; one
+        wrongly kept, a slower run. Rank 0's verdict on every rank.
+        """
+        speedup, noise = self._speedup(control, label)
+        threshold = max(self.min_speedup, 1.0 + 2.0 * noise)
+        low = self._speedup(control, label, statistic=lower_quartile)[0]
+        keep = bool(self.agree(speedup is not None and low is not None and min(speedup, low) >= threshold))
+        return speedup, noise, low, threshold, keep
 
     def _speedup(self, before: str, after: str, *, statistic: Any = statistics.median) -> tuple[float | None, float]:
         """How much faster the steps timed under ``after`` ran than those under ``before``, and the
