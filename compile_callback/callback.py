@@ -285,7 +285,7 @@ class CompileCallback(Callback):
         self._warned_host_syncs = False
         self._on_gpu = False
         self._memory_high: dict[str, int] = {}
-        self._activations_high: dict[str, int] = {}
+        self._eager_activations: int | None = None  # bytes an eager step allocated beyond its start's
         self._memory_at_start = 0
         self._memory_device: torch.device | None = None
         self._last_logged_step: int | None = None
@@ -532,7 +532,7 @@ class CompileCallback(Callback):
         self._planned_batches = int(planned) * max(1, trainer.accumulate_grad_batches) if math.isfinite(planned) else None
         self._previous_backward_lowering = torch_internals.compile_backward_with_forward(True)
         self._memory_high = {}  # label -> bytes allocated at the forward/backward boundary
-        self._activations_high = {}  # label -> the same less what was allocated when the batch started
+        self._eager_activations = None
         self._memory_at_start = 0
         self._memory_device = pl_module.device
         self._last_logged_step = None
@@ -559,7 +559,7 @@ class CompileCallback(Callback):
                 remaining_batches=lambda: self._remaining_batches(trainer),
                 context=trainer.precision_plugin.forward_context,
                 idle_state=lambda: optimizer_state_tensors(trainer.optimizers),
-                activation_bytes=lambda: self._activations_high.get(EAGER),
+                activation_bytes=lambda: self._eager_activations,
                 room_bytes=lambda: room_bytes(pl_module.device),
             )
         else:
@@ -666,7 +666,7 @@ class CompileCallback(Callback):
                 graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
-        if self._on_gpu:
+        if self._on_gpu and self._label == EAGER:
             self._memory_at_start = torch.cuda.memory_allocated(pl_module.device)
         self._host_start = time.perf_counter()
         self.timer.start()
@@ -777,8 +777,8 @@ class CompileCallback(Callback):
             # the allocator's counters (host-side, no sync) for the eager baseline and the plan alike.
             allocated = torch.cuda.memory_allocated(pl_module.device)
             self._memory_high[self._label] = max(self._memory_high.get(self._label, 0), allocated)
-            activations = allocated - self._memory_at_start
-            self._activations_high[self._label] = max(self._activations_high.get(self._label, 0), activations)
+            if self._label == EAGER:
+                self._eager_activations = max(self._eager_activations or 0, allocated - self._memory_at_start)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy_ops.backward_ended(last=pl_module.automatic_optimization)

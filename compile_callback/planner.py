@@ -32,7 +32,7 @@ from compile_callback.regions import (
 )
 from compile_callback.report import Decision
 from compile_callback.timing import lower_quartile, median_noise, paired_speedup
-from compile_callback.verify import VerificationResult, cuda_devices, release_device_memory, verify_module
+from compile_callback.verify import VerificationResult, cuda_devices, in_host_memory, release_device_memory, verify_module
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
@@ -703,20 +703,20 @@ class AutoPlanner:
     def _verify(self, region: Region) -> VerificationResult:
         assert self.profiler is not None
         worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
-        for name, module in zip(region.module_names, region.modules):
-            held = self.profiler.held_input(name)
-            if held is None:
-                continue
-            args, kwargs = held
-            if self.verify:
-                result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
-                                       park=self._between_steps())
-            else:
-                result = warm_call(module, args, kwargs, context=self.context)
-            if not result.passed or result.max_rel_error > worst.max_rel_error:
-                worst = result
-            if not result.passed:
-                break
+        with in_host_memory(self._between_steps()):  # once for all of the region's modules
+            for name, module in zip(region.module_names, region.modules):
+                held = self.profiler.held_input(name)
+                if held is None:
+                    continue
+                args, kwargs = held
+                if self.verify:
+                    result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance)
+                else:
+                    result = warm_call(module, args, kwargs, context=self.context)
+                if not result.passed or result.max_rel_error > worst.max_rel_error:
+                    worst = result
+                if not result.passed:
+                    break
         # Wrong on any rank is wrong: compiled code that differs from eager on one GPU must not train there.
         passed = bool(self.agree_all(worst.passed))
         if worst.passed and not passed:

@@ -3,7 +3,7 @@
 Mechanism only. The region's modules are called on inputs held from an eager step, once compiled and
 once eager, and their outputs and the gradients of their parameters (and of their differentiable
 inputs) are compared. Nothing observable changes: gradients come from ``torch.autograd.grad`` (no
-``.grad`` is written; the old ones may wait in host memory meanwhile), buffers (BatchNorm statistics)
+``.grad`` is written; the caller may hold the old ones in host memory meanwhile: :func:`in_host_memory`), buffers (BatchNorm statistics)
 are restored, both runs draw the same random
 numbers (inductor's ``fallback_random``, the same seed) and the RNG streams are restored afterwards.
 """
@@ -226,7 +226,6 @@ def verify_module(
     *,
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     tolerance: float | None = None,
-    park: Sequence[torch.Tensor] = (),
 ) -> VerificationResult:
     """Compares ``module`` (compiled in place) against its eager self on ``args``/``kwargs``.
 
@@ -235,8 +234,6 @@ def verify_module(
         args, kwargs: the held input.
         context: the training step's forward context (e.g. the precision plugin's autocast).
         tolerance: max relative error allowed; default by compute dtype (:data:`TOLERANCE`).
-        park: tensors the two runs do not read (the last step's gradients, the optimizer's state), held
-            in host memory meanwhile (:func:`in_host_memory`).
 
     Returns:
         The result; errors raised by the compiled call are returned as a failed result, not raised.
@@ -267,7 +264,7 @@ def verify_module(
     # regions that draw random numbers (active dropout): elsewhere the graph verified here is the
     # one the training steps and a warm restart's cache lookups use.
     fallback = torch_internals.fallback_random() if _draws_random_numbers(module) else contextlib.nullcontext()
-    with torch.random.fork_rng(devices=cuda_devices(module)), in_host_memory(park), context():
+    with torch.random.fork_rng(devices=cuda_devices(module)), context():
         dtype = compute_dtype()
         limit = tolerance if tolerance is not None else TOLERANCE.get(dtype, 1e-3)
         stage = "eager reference"
