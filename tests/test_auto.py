@@ -266,17 +266,18 @@ class MixShiftingBatches(torch.utils.data.Dataset):
 
 def test_trials_compare_steps_of_like_shapes(tmp_path):
     # The compiled region is 3 ms slower on every step. Plain medians would compare the baseline's long
-    # batches (~27 ms) with the trial's short ones (~3 + 3 ms) and keep it as ~4x faster; shape by
-    # shape it is slower, and it is reverted.
+    # batches (~27 ms) with the trial's short ones (~3 + 3 ms) and keep it as ~4x faster (~2.5x on a
+    # loaded 2-core machine, whose per-step overhead is added to both); shape by shape it is slower,
+    # and it is reverted.
     callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1)
     data = torch.utils.data.DataLoader(MixShiftingBatches(80), batch_size=None)
     make_trainer(tmp_path, [callback], max_steps=80).fit(LengthCostModel(), data)
     decision = callback.planner.decisions[0]
-    assert not decision.kept and decision.speedup < 0.8, decision
+    assert not decision.kept and decision.speedup < 1.0, decision
     assert any("batches come in 2 shapes" in note for note in callback.planner.notes)
     timer = callback.timer
     naive = statistics.median(timer.samples_ms("eager")) / statistics.median(timer.samples_ms("trial:0"))
-    assert naive > 3  # what the windows' mixes alone would have made of it
+    assert naive > 1.5  # what the windows' mixes alone would have made of it: a slower region "faster"
 
 
 class EverChangingBatches(torch.utils.data.Dataset):
@@ -311,7 +312,7 @@ def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
     make_trainer(tmp_path, [callback], max_steps=60).fit(LengthCostModel(), data)
     metrics = callback.metrics()
     naive = metrics["compile/eager_step_time_ms"] / metrics["compile/step_time_ms"]
-    assert naive > 3, naive  # what the two windows' mixes alone make of it
+    assert naive > 2, naive  # what the two windows' mixes alone make of it (~5x idle, ~3x on a loaded 2-core machine)
     # Wide enough that a loaded 2-core machine cannot cross it, narrow enough to tell it from naive.
     assert 0.5 < metrics["compile/speedup"] < 2.0, metrics["compile/speedup"]
     summary = callback.last_report["summary"]

@@ -7,7 +7,10 @@ process between variants:
 - ``@gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()``;
 - ``@reset``: ``torch._dynamo.reset()`` (compiled code, guards and CUDA-graph trees dropped);
 - ``%<variant>``: the variant run under cProfile, its top functions by own time written to
-  ``$DOUT/profile-<n>-<variant>.txt`` (where an eager run's host time goes).
+  ``$DOUT/profile-<n>-<variant>.txt`` (where an eager run's host time goes);
+- ``^<variant>``: the variant with ``torch.profiler`` over 24 of its late batches, the per-op table
+  (self CPU and device time) written to ``$DOUT/torchprof-<n>-<variant>.txt`` and the window's host and
+  device totals to the step's line (whether a slow step waits on the host or on the GPU).
 
 ``callback_pad_inductor`` is ``callback_pad`` with Inductor even in a CPU smoke run (whose callback
 variants otherwise use the "eager" backend).
@@ -48,20 +51,44 @@ os.makedirs(out, exist_ok=True)
 batches: list[dict[str, Any]] = []
 
 
+PROFILE_FROM, PROFILE_BATCHES = (2, 2) if smoke else (400, 24)  # gpt2_varlen runs 576 batches
+torch_profile: dict[str, Any] = {}  # "on": profile this variant; "profiler": the live one
+
+
 class PeakStepEnd(StepEnd):
     """StepEnd that also records each batch's peak memory and the callback's phase label."""
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        torch_profile["seen"] = torch_profile.get("seen", -1) + 1  # batch_idx restarts every epoch
+        if torch_profile.get("on") and torch_profile["seen"] == PROFILE_FROM:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch_profile["profiler"] = torch.profiler.profile(activities=activities)
+            torch_profile["profiler"].__enter__()
+            torch_profile["wall"] = time.perf_counter()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        if torch_profile.get("profiler") is not None and torch_profile["seen"] == PROFILE_FROM + PROFILE_BATCHES - 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            torch_profile["wall"] = time.perf_counter() - torch_profile["wall"]
+            torch_profile["profiler"].__exit__(None, None, None)
         label = None
         for callback in trainer.callbacks:
             planner = getattr(callback, "planner", None)
             if planner is not None:
                 label = getattr(planner, "_label", None)
         if device.type == "cuda":
+            stats = torch.cuda.memory_stats()
             batches.append({
                 "batch": batch_idx, "label": label,
                 "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3),
                 "allocated_gb": round(torch.cuda.memory_allocated() / 2**30, 3),
+                # cudaMalloc/cudaFree (a free synchronizes the device) and pinned host allocations so far
+                "device_allocs": stats.get("num_device_alloc"), "device_frees": stats.get("num_device_free"),
+                "alloc_retries": stats.get("num_alloc_retries"),
+                "host_allocs": getattr(torch.cuda, "host_memory_stats", dict)().get("num_host_alloc"),
             })
             torch.cuda.reset_peak_memory_stats()
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -88,6 +115,64 @@ def host_probe_ms(ops: int = 2000) -> float:
     return round(elapsed, 2)
 
 
+def cpu_probe_ms() -> float:
+    """Pure host work, no CUDA: a Python loop and small CPU tensor ops (is the CPU itself slower?)."""
+    a = torch.ones(8)
+    start = time.perf_counter()
+    total = 0
+    for i in range(200_000):
+        total += i
+    for _ in range(2000):
+        a = a + 1
+    return round((time.perf_counter() - start) * 1e3, 2)
+
+
+def gpu_probe_ms() -> float | None:
+    """Device time of 20 bf16 4096x4096 matmuls by CUDA events (is the GPU itself slower?)."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    a @ a
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(20):
+        a @ a
+    end.record()
+    torch.cuda.synchronize()
+    return round(begin.elapsed_time(end), 2)
+
+
+FRESH_PROBE = (
+    "import time, torch; x = torch.ones(8, device='cuda')\n"
+    "for _ in range(100): x = x + 1\n"
+    "torch.cuda.synchronize(); s = time.perf_counter()\n"
+    "for _ in range(2000): x = x + 1\n"
+    "print(round((time.perf_counter() - s) * 1e3, 2))"
+)
+
+
+def fresh_process_probe_ms() -> float | str | None:
+    """The host probe in a new process: slower there too means the machine, not this process's state."""
+    if device.type != "cuda":
+        return None
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", FRESH_PROBE], capture_output=True, text=True, timeout=120)
+    return float(done.stdout.strip()) if done.returncode == 0 else done.stderr[-300:]
+
+
+def nvidia_smi() -> str | None:
+    import shutil
+    import subprocess
+
+    if device.type != "cuda" or shutil.which("nvidia-smi") is None:
+        return None
+    query = "clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active"
+    done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60)
+    return (done.stdout or done.stderr).strip()[:300]
+
+
 def state() -> dict[str, Any]:
     from torch.overrides import _get_current_function_mode_stack
 
@@ -103,6 +188,14 @@ def state() -> dict[str, Any]:
     times = os.times()
     return {
         "probe_ms": host_probe_ms(),
+        "cpu_probe_ms": cpu_probe_ms(),
+        "gpu_probe_ms": gpu_probe_ms(),
+        "fresh_process_probe_ms": fresh_process_probe_ms(),
+        "nvidia_smi": nvidia_smi(),
+        "history_recording": torch._C._cuda_isHistoryEnabled() if device.type == "cuda" else None,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "threads_torch": torch.get_num_threads(),
+        "affinity": len(os.sched_getaffinity(0)),
         "probe_ms_gc_off": (gc.disable(), host_probe_ms(), gc.enable())[1],
         "gc_objects": len(gc.get_objects()),
         "tree_managers": managers,
@@ -158,7 +251,9 @@ def run(spec: str) -> None:
             write({"workload": name, "step": step, **state()})
             continue
         profiled = step.startswith("%")
-        step = step.lstrip("%")
+        torch_profile.clear()
+        torch_profile["on"] = step.startswith("^")
+        step = step.lstrip("%^")
         profiler = cProfile.Profile() if profiled else None
         if profiler is not None:
             profiler.enable()
@@ -170,6 +265,20 @@ def run(spec: str) -> None:
             path = os.path.join(out, f"profile-{len(os.listdir(out))}-{step}.txt")
             with open(path, "w") as handle:
                 handle.write(text.getvalue())
+        window = None
+        if torch_profile.get("profiler") is not None:
+            averages = torch_profile["profiler"].key_averages()
+            table = averages.table(sort_by="self_cpu_time_total", row_limit=40)
+            table += "\n\n" + averages.table(sort_by="self_device_time_total", row_limit=25)
+            with open(os.path.join(out, f"torchprof-{len(os.listdir(out))}-{step}.txt"), "w") as handle:
+                handle.write(table)
+            window = {
+                "batches": PROFILE_BATCHES, "wall_ms": round(torch_profile["wall"] * 1e3, 1),
+                "self_cpu_ms": round(sum(e.self_cpu_time_total for e in averages) / 1e3, 1),
+                "self_device_ms": round(sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e3, 1),
+                "launch_calls": sum(e.count for e in averages if "LaunchKernel" in e.key),
+                "launch_cpu_ms": round(sum(e.self_cpu_time_total for e in averages if "LaunchKernel" in e.key) / 1e3, 1),
+            }
         peak = max(batches, key=lambda b: b["peak_gb"]) if batches else None
         by_label: dict[str, float] = {}
         for b in batches:
@@ -177,7 +286,7 @@ def run(spec: str) -> None:
         callback = record.get("callback") or {}
         write({
             "workload": name, "step": step, "status": record.get("status"), "error": record.get("error"),
-            "median_ms": record.get("median_ms"), "peak_batch": peak, "peak_by_label": by_label,
+            "median_ms": record.get("median_ms"), "torch_profile_window": window, "peak_batch": peak, "peak_by_label": by_label,
             "decisions": [{k: d.get(k) for k in ("region", "mode", "kept", "speedup", "reason", "max_rel_error")}
                           for d in callback.get("decisions", [])],
             "memory": {k: v for k, v in callback.get("summary", {}).items() if "memory" in k or "peak" in k},
