@@ -589,7 +589,7 @@ def render_targets(results: Sequence[dict[str, Any]]) -> str:
 
 # -- BENCHMARKS.md ------------------------------------------------------------------------------------
 def render_anatomy_table(results: Sequence[dict[str, Any]]) -> str:
-    """One row per run whose callback variants reported the compile anatomy (see README, Metrics)."""
+    """One row per run whose callback variants reported the compile anatomy (see docs/metrics.md)."""
     lines = [
         "| workload | variant | run | plan | graph coverage S | ops eager / step ops | backend coverage | "
         "fallback kernels per step | guard checks × µs (share of step) | compile s: dynamo / AOT / Inductor | "
