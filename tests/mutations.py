@@ -135,6 +135,20 @@ MUTATIONS = [
         new="        yield\n",
         tests=("tests/test_anatomy.py::test_the_anatomy_samples_print_nothing_a_users_profiler_would",),
     ),
+    Mutation(
+        name="the recompile limit raised for padding buckets stays raised after fit",
+        path="compile_callback/callback.py",
+        old="            torch_internals.set_recompile_limit(self._previous_recompile_limit)\n",
+        new="            pass\n",
+        tests=("tests/test_process_state.py::test_a_padded_fit_leaves_the_process_as_it_found_it",),
+    ),
+    Mutation(
+        name="dynamo's compile-event callbacks stay installed after fit",
+        path="compile_callback/watch.py",
+        old="            torch_internals.remove_compile_hooks(self._handles)\n",
+        new="            pass\n",
+        tests=("tests/test_process_state.py::test_a_fit_that_reverts_a_region_leaves_the_process_and_the_module_as_they_were",),
+    ),
 ]
 
 
