@@ -22,8 +22,6 @@ from torch.utils.hooks import RemovableHandle
 from compile_callback import torch_internals
 from compile_callback.timing import elapsed_ms, time_mark
 
-BACKWARD_TO_FORWARD = 2.0
-
 
 def _copy(value: Any, device: torch.device | str) -> Any:
     """A detached copy of ``value`` (tensors inside lists, tuples and dicts too) on ``device``, strides kept.

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+if TYPE_CHECKING:  # Lightning is imported where loggers are used: the tag names below are for the plain layer too
+    from lightning.pytorch.loggers import Logger
 
 # The SPEC's tag names; a contract with users' dashboards.
 SPEEDUP = "compile/speedup"
@@ -69,6 +70,8 @@ def log_scalars(loggers: Iterable[Logger], metrics: Mapping[str, float | None], 
 
 
 def tensorboard_writers(loggers: Iterable[Logger]) -> list[Any]:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
     return [logger.experiment for logger in loggers if isinstance(logger, TensorBoardLogger)]
 
 
