@@ -1036,7 +1036,7 @@ class CompileCallback(Callback):
         hits, misses = sum(s.cache_hits for s in stats), sum(s.cache_misses for s in stats)
         compile_s = sum(s.compile_seconds for s in stats)
         saved_ms = (eager_ms - compiled_ms) if eager_ms and compiled_ms else None
-        verified = [d for d in self.planner.decisions if d.max_rel_error is not None or d.reason.startswith("numerics")]
+        verified = [d for d in self.planner.decisions if d.verified is not None]
         return {
             telemetry.ANATOMY_DYNAMO_S: sum(s.dynamo_seconds for s in stats),
             telemetry.ANATOMY_AOT_AUTOGRAD_S: sum(s.aot_autograd_seconds for s in stats),
@@ -1049,7 +1049,7 @@ class CompileCallback(Callback):
                 self._planned_batches * saved_ms / 1e3 - compile_s if saved_ms and self._planned_batches else None
             ),
             telemetry.ANATOMY_VERIFICATION_PASS_RATE: (
-                sum(1 for d in verified if not d.reason.startswith("numerics")) / len(verified) if verified else None
+                sum(1 for d in verified if d.verified) / len(verified) if verified else None
             ),
             **self._anatomy_ops.metrics(self.planner.regions, self.planner.decisions, compiled_ms),
         }

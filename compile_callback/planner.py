@@ -389,7 +389,8 @@ class AutoPlanner:
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         max_rel_error=verdict.max_rel_error if verdict.error is None else None)
+                         max_rel_error=verdict.max_rel_error if verdict.error is None else None,
+                         verified=self._verified(verdict))
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -426,7 +427,7 @@ class AutoPlanner:
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds,
-                     max_rel_error=verdict.max_rel_error if self.verify else None)
+                     max_rel_error=verdict.max_rel_error if self.verify else None, verified=self._verified(verdict))
         return trial_ms if keep else None
 
     def _trial_batches(self, candidate: Candidate) -> int:
@@ -548,7 +549,8 @@ class AutoPlanner:
         self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
-                                       max_rel_error=verdict.max_rel_error if verdict.error is None else None))
+                                       max_rel_error=verdict.max_rel_error if verdict.error is None else None,
+                                       verified=self._verified(verdict)))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -739,6 +741,13 @@ class AutoPlanner:
         if not uses_cuda_graphs(self._kept):
             tensors += [p.grad for p in self.root.parameters() if p.grad is not None]
         return tensors
+
+    def _verified(self, verdict: VerificationResult) -> bool | None:
+        """What verification said of the numerics: passed, differed, or nothing (not checked, or it
+        could not run: a compile error)."""
+        if not self.verify or verdict.error is not None:
+            return None
+        return verdict.passed
 
     @staticmethod
     def _failure_reason(verdict: VerificationResult) -> str:

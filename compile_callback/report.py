@@ -27,6 +27,7 @@ class Decision:
     speedup: float | None = None
     speedup_noise: float | None = None  # relative standard error of ``speedup``
     max_rel_error: float | None = None
+    verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -34,6 +35,10 @@ class Decision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
         fields = {f.name for f in dataclasses.fields(cls)}
+        data = dict(data)
+        if "verified" not in data and data.get("max_rel_error") is not None:
+            # Saved before decisions said it: a checked region had its error recorded, a failed one said so.
+            data["verified"] = not str(data.get("reason", "")).startswith("numerics")
         return cls(**{k: v for k, v in data.items() if k in fields})
 
 

@@ -93,7 +93,7 @@ def test_region_with_wrong_numerics_is_reverted(tmp_path):
     assert decision["reason"].startswith("numerics differ from eager: max relative error")
     assert not torch_internals.is_module_compiled(model)
     anatomy = report["anatomy"]
-    assert anatomy["verification_pass_rate"] == 0.0
+    assert anatomy["verification_pass_rate"] == 0.0 and decision["verified"] is False
     assert anatomy["worst_rel_error"] == {"error": decision["max_rel_error"], "region": decision["region"],
                                           "mode": decision["mode"], "kept": False}
     assert decision["max_rel_error"] > 1e-3
@@ -104,6 +104,7 @@ def test_region_whose_compile_raises_is_reverted_and_training_continues(tmp_path
     report, model = fit(tmp_path, auto(backend="test_raising", max_trials=2), model=model)
     assert report["decisions"][0]["reason"].startswith("compile failed: ")
     assert "backend exploded" in report["decisions"][0]["reason"]
+    assert report["decisions"][0]["verified"] is None  # never verified: it did not compile
     assert model.batches_seen == 3 * 12  # every batch of 3 epochs trained, none skipped or repeated
 
 
@@ -469,3 +470,15 @@ def test_a_region_no_faster_is_reverted_and_one_clearly_faster_is_kept_in_every_
     assert faster["summary"]["speedup_priced"] == "trials"
     assert faster["summary"]["speedup"] == pytest.approx(decision["speedup"])
     assert "timed between its own steps" in decision["reason"]
+
+
+def test_decisions_saved_before_they_said_what_verification_found_load_with_it():
+    from compile_callback.report import Decision
+
+    base = dict(region="model", modules=["model"], mode="default", kept=False, step=4)
+    failed = Decision.from_dict({**base, "reason": "numerics differ from eager: max relative error 2e-1", "max_rel_error": 0.2})
+    passed = Decision.from_dict({**base, "reason": "not faster: 0.9x", "max_rel_error": 1e-6})
+    unchecked = Decision.from_dict({**base, "reason": "compile failed: boom"})
+    assert (failed.verified, passed.verified, unchecked.verified) == (False, True, None)
+    assert Decision.from_dict(passed.as_dict()) == passed
+
