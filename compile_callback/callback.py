@@ -43,7 +43,7 @@ from compile_callback.regions import revert_region
 from compile_callback.memory import room_bytes
 from compile_callback.verify import optimizer_state_tensors
 from compile_callback.watch import SHAPE
-from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, mark_not_kept
+from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner, mark_not_kept
 from compile_callback.regions import (
     BACKENDS_WITH_MODES,
     MODEL,
@@ -310,7 +310,7 @@ class CompileCallback(Callback):
         self._bucket_graphs = 0  # static graphs an epoch's padded batches may need, per stage
         self._previous_recompile_limit: int | None = None
 
-        self.planner: FixedPlanner | AutoPlanner | None = None
+        self.planner: Planner | None = None
         self.watch: CompileWatch | None = None
         self.timer: StepTimer | None = None
         self._batch_index = 0
@@ -471,12 +471,7 @@ class CompileCallback(Callback):
             self.churn.shape_budget = self._bucket_graphs
         if self.planner is None:
             return
-        self.planner.shape_budget = self._bucket_graphs
-        self.planner.options = dataclasses.replace(self.planner.options, dynamic=False)
-        for region in self.planner.regions:
-            # Compiled before the first batch (no eager baseline, a resumed or cached plan): made static.
-            if region.is_compiled and region.compiled_with.dynamic is None:
-                self.planner.recompile(region, dataclasses.replace(region.compiled_with, dynamic=False))
+        self.planner.compile_static(self._bucket_graphs)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.pad is None:
@@ -622,7 +617,7 @@ class CompileCallback(Callback):
     def _save_cached_plan(self, trainer: Trainer) -> None:
         if self.cache_dir is None or self._plan_file is None or self._plan_key is None or not trainer.is_global_zero:
             return
-        if isinstance(self.planner, AutoPlanner) and self.planner.frozen:
+        if self.planner is not None and self.planner.searches and self.planner.frozen:
             save_plan(self._plan_file, self._plan_key, self.planner.state_dict(), self._eager_medians_by_shape())
 
     def _eager_medians_by_shape(self) -> list[list[Any]]:
@@ -723,7 +718,7 @@ class CompileCallback(Callback):
         variable shapes each of the latest 100 steps is priced by the eager median of its own shape
         (:func:`paired_speedup`), so a plan that changes nothing reads 1.0."""
         assert self.timer is not None
-        priced = self.planner.priced_speedup() if isinstance(self.planner, AutoPlanner) else None
+        priced = self.planner.priced_speedup() if self.planner is not None else None
         if priced is not None:
             kept = any(d.kept for d in self.planner.decisions)  # type: ignore[union-attr]
             return priced[0], "trials" if kept else "nothing compiled"
@@ -833,7 +828,7 @@ class CompileCallback(Callback):
         """Gives back what fit took: the profiler of a sampled step that raised, torch's process-wide
         settings, dynamo's compile hooks, a trial cut short. Safe to call twice."""
         self._anatomy_ops.close()
-        if isinstance(self.planner, AutoPlanner):
+        if self.planner is not None:
             self.planner.close()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
@@ -897,7 +892,7 @@ class CompileCallback(Callback):
 
     def _new_churn(self, trainer: Trainer) -> list[ChurnAction]:
         assert self.watch is not None and self.churn is not None
-        if isinstance(self.planner, AutoPlanner):
+        if self.planner.searches:
             # The planner's own trials recompile (a new mode is a new backend): the policy judges the
             # frozen plan's recompiles only, so it never acts in the middle of a trial.
             if not self.planner.frozen:
@@ -977,9 +972,9 @@ class CompileCallback(Callback):
         assert self.watch is not None and self.timer is not None and self.planner is not None
         totals = self.watch.totals()
         # A plan applied from a checkpoint or the plan cache measured its eager baseline in the run that made it.
-        eager_ms = self.timer.median_ms(EAGER) or getattr(self.planner, "eager_ms", None)
+        eager_ms = self.timer.median_ms(EAGER) or self.planner.eager_ms
         compiled_ms = self.timer.median_ms(COMPILED, last=100)
-        priced = self.planner.priced_speedup() if isinstance(self.planner, AutoPlanner) else None
+        priced = self.planner.priced_speedup()
         first = self.planner.decisions[0] if self.planner.decisions else None
         if priced is not None and first is not None and first.baseline_ms:
             eager_ms = first.baseline_ms  # eager as timed beside the first trial, which prices the plan
@@ -1003,7 +998,7 @@ class CompileCallback(Callback):
         errors = [d.max_rel_error for d in self.planner.decisions if d.kept and d.max_rel_error is not None]
         if errors:
             values[telemetry.MAX_REL_ERROR] = max(errors)
-        coverage = getattr(self.planner, "coverage", None)
+        coverage = self.planner.coverage
         if coverage is not None:
             values[telemetry.COVERAGE] = coverage
         if self._padding_seen.total_elements:
@@ -1121,10 +1116,10 @@ class CompileCallback(Callback):
             "environment": {"torch": torch.__version__, "backend": backend_name(self.backend)},
             "plan": {
                 "regions": self.regions,
-                "frozen": bool(getattr(self.planner, "frozen", True)),
-                "launch_bound": getattr(self.planner, "launch_bound", None),
-                "coverage": getattr(self.planner, "coverage", None),
-                "notes": list(getattr(self.planner, "notes", [])) + self._notes + [
+                "frozen": self.planner.frozen,
+                "launch_bound": self.planner.launch_bound,
+                "coverage": self.planner.coverage,
+                "notes": list(self.planner.notes) + self._notes + [
                     note for note in (
                         self._ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])),
                         self._rank_note,

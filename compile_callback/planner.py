@@ -12,7 +12,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -41,6 +41,46 @@ CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan b
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
 
 
+class Planner(Protocol):
+    """What the callback drives and reads, the same for both planners (no probing for attributes).
+
+    ``searches`` says whether the plan comes from trials (:class:`AutoPlanner`): its trials recompile, so
+    the churn policy judges only the frozen plan's recompiles, and the frozen plan is worth caching.
+    ``priced_speedup`` is the plan's speedup as its trials measured it (None where there are none).
+    """
+
+    searches: bool
+    regions: list[Region]
+    decisions: list[Decision]
+    notes: list[str]
+    launch_bound: bool | None
+    coverage: float | None
+    eager_ms: float | None
+
+    @property
+    def frozen(self) -> bool: ...
+
+    def before_fit(self) -> None: ...
+
+    def before_batch(self, batch_index: int, **_: Any) -> str | None: ...
+
+    def after_batch(self, batch_index: int, **_: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+    def recompile(self, region: Region, options: CompileOptions) -> None: ...
+
+    def compile_static(self, shape_budget: int) -> None: ...
+
+    def region_modules(self) -> dict[str, list[nn.Module]]: ...
+
+    def priced_speedup(self) -> tuple[float, float] | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class FixedPlanner:
     """Compiles the regions the user named, after an eager baseline, and keeps them.
 
@@ -60,6 +100,11 @@ class FixedPlanner:
         self.decisions: list[Decision] = []
         self.applied = False
         self._settle_until = 0
+        self.searches = False
+        self.notes: list[str] = []
+        self.launch_bound: bool | None = None  # not measured: nothing is chosen by it
+        self.coverage: float | None = None
+        self.eager_ms: float | None = None  # the callback's timer holds the baseline
 
     @property
     def frozen(self) -> bool:
@@ -105,6 +150,17 @@ class FixedPlanner:
     def after_batch(self, batch_index: int, **_: Any) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
+    def priced_speedup(self) -> tuple[float, float] | None:
+        return None  # no trials: the callback prices the plan against its eager baseline
+
+    def compile_static(self, shape_budget: int) -> None:
+        """Batches come in a few fixed (padded) shapes: each is compiled as a static graph of its own."""
+        self.options = dataclasses.replace(self.options, dynamic=False)
+        _make_static(self.regions, self.recompile)
+
     def recompile(self, region: Region, options: CompileOptions) -> None:
         """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
         compile_region(region, options, on_error=self._failed)
@@ -120,6 +176,14 @@ class FixedPlanner:
         if state.get("applied"):
             self.decisions = [Decision.from_dict(d) for d in state.get("decisions", [])]
             self.applied = True
+
+
+def _make_static(regions: list[Region], recompile: Any) -> None:
+    """Regions compiled before the first batch (no eager baseline, a resumed or cached plan) with
+    ``dynamic`` unset are compiled again static."""
+    for region in regions:
+        if region.is_compiled and region.compiled_with.dynamic is None:
+            recompile(region, dataclasses.replace(region.compiled_with, dynamic=False))
 
 
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
@@ -247,6 +311,7 @@ class AutoPlanner:
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
         self.notes: list[str] = []
+        self.searches = True
         self.frozen = False
         self.launch_bound: bool | None = None
         self.coverage: float | None = None
@@ -261,7 +326,7 @@ class AutoPlanner:
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
         self._by_shape = False  # whether trials compare steps shape by shape
-        self.shape_budget = 0  # recompiles per region expected from static padding buckets (set by the callback)
+        self.shape_budget = 0  # recompiles per region expected from static padding buckets (compile_static)
 
     # -- the interface the callback drives --------------------------------------------------------
     def before_fit(self) -> None:
@@ -284,6 +349,13 @@ class AutoPlanner:
     def recompile(self, region: Region, options: CompileOptions) -> None:
         """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
         compile_region(region, options, on_error=self._failed)
+
+    def compile_static(self, shape_budget: int) -> None:
+        """Batches come in a few fixed (padded) shapes: candidates are compiled as static graphs, and up to
+        ``shape_budget`` recompiles per region (one graph per bucket) do not count against a trial."""
+        self.shape_budget = shape_budget
+        self.options = dataclasses.replace(self.options, dynamic=False)
+        _make_static(self.regions, self.recompile)
 
     def _failed(self, region: Region, error: BaseException) -> None:
         self._last_failure = torch_internals.describe_error(error)[:300]
