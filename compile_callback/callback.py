@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from compile_callback import telemetry
 from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
-from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError, same_cause
+from compile_callback.churn import ON_RECOMPILE_POLICIES, ChurnAction, ChurnPolicy, RecompileChurnError, remedies, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback import torch_internals
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
@@ -41,9 +41,9 @@ from compile_callback.padding import (
 )
 from compile_callback.regions import revert_region
 from compile_callback.memory import room_bytes
-from compile_callback.verify import optimizer_state_tensors
 from compile_callback.watch import SHAPE
-from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner, mark_not_kept
+from compile_callback.verify import optimizer_state_tensors
+from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
 from compile_callback.regions import (
     BACKENDS_WITH_MODES,
     MODEL,
@@ -926,29 +926,46 @@ class CompileCallback(Callback):
         return next((r for r in self.planner.regions if r.name == name and r.is_compiled), None)
 
     def _act(self, trainer: Trainer, action: ChurnAction) -> None:
+        """Carries out :func:`churn.remedies` for ``action``, the first that applies."""
         assert self.planner is not None
-        policy = action.policy
-        if policy == "raise":
-            raise RecompileChurnError(action.message())
-        if policy == "pad":
-            if action.kind == SHAPE and self.pad is None and trainer.train_dataloader is not None:
-                self.pad = AUTO
-                self._pad_loaders(trainer.train_dataloader, "train")
-                if trainer.val_dataloaders is not None:
-                    self._pad_loaders(trainer.val_dataloaders, "val")
-                if self.padding is not None and self.padding.edges is not None:
-                    self._record(action, "padding turned on from the next epoch: edges " + str(self.padding.edges))
+        if action.kind != SHAPE:
+            not_padded = "not a dataloader size"
+        elif self.pad is not None:
+            not_padded = f"the loaders are padded already (pad={self.pad!r})"
+        else:
+            not_padded = "no training dataloader"
+        for policy in remedies(action, padding_possible=self.pad is None and trainer.train_dataloader is not None):
+            if policy == "raise":
+                raise RecompileChurnError(action.message())
+            if policy == "pad":
+                if self._pad_for_the_rest_of_fit(trainer):
+                    self._record(action, "padding turned on from the next epoch: edges " + str(self.padding.edges))  # type: ignore[union-attr]
                     return
-            policy = "dynamic"
-            self._notes.append(f"on_recompile='pad' fell back to 'dynamic' for {action.cause}: not a dataloader size")
+                not_padded = "the training dataloaders could not take the padding collate"
+                continue
+            if action.policy == "pad":
+                self._notes.append(f"on_recompile='pad' fell back to 'dynamic' for {action.cause}: {not_padded}")
+            self._act_on_region(action, policy)
+            return
+
+    def _pad_for_the_rest_of_fit(self, trainer: Trainer) -> bool:
+        """Turns ``pad="auto"`` on for this fit (``_begin_fit`` gives the user's value back) and pads the
+        loaders; whether every training loader took the padding, with buckets."""
+        self.pad = AUTO
+        padded = self._pad_loaders(trainer.train_dataloader, "train")
+        if trainer.val_dataloaders is not None:
+            self._pad_loaders(trainer.val_dataloaders, "val")
+        return padded and self.padding is not None and self.padding.edges is not None
+
+    def _act_on_region(self, action: ChurnAction, policy: str) -> None:
+        assert self.planner is not None
         region = self._our_region(action.region)
         if policy in ("eager", "dynamic") and region is None:
             rank_zero_warn(action.message() + f" (on_recompile={policy!r} acts on regions this callback compiled; "
                            f"`{action.region}` was compiled elsewhere)")
             return
         if policy == "eager":
-            revert_region(region)
-            mark_not_kept(self.planner.decisions, region, f"reverted to eager by on_recompile='eager': {action.cause} ({action.why})")
+            self.planner.revert(region, f"reverted to eager by on_recompile='eager': {action.cause} ({action.why})")
             self._record(action, "reverted to eager: recompile churn")
         elif policy == "dynamic":
             options = region.compiled_with

@@ -35,6 +35,17 @@ class ChurnAction:
         return f"`{self.region}` recompiles: {self.cause} ({self.why}). Fix: {fix_for(self.kind)}"
 
 
+def remedies(action: ChurnAction, *, padding_possible: bool) -> tuple[str, ...]:
+    """What to do about ``action``, in the order to try: ``"raise"``, ``"pad"`` (padding turned on for
+    the rest of the fit), ``"eager"`` (the region reverted), ``"dynamic"`` (the region compiled once more
+    with ``dynamic=True``) or ``"warn"``. ``on_recompile="pad"`` pads a changing size only (a shape
+    recompile) and only where the loaders can still be padded (the user asked for no padding, and there
+    is a training loader); otherwise, or if padding finds no buckets, the region goes dynamic."""
+    if action.policy == "pad":
+        return ("pad", "dynamic") if action.kind == SHAPE and padding_possible else ("dynamic",)
+    return (action.policy,)
+
+
 def fix_for(kind: str) -> str:
     if kind == SHAPE:
         return (

@@ -72,6 +72,8 @@ class Planner(Protocol):
 
     def compile_static(self, shape_budget: int) -> None: ...
 
+    def revert(self, region: Region, reason: str) -> None: ...
+
     def region_modules(self) -> dict[str, list[nn.Module]]: ...
 
     def priced_speedup(self) -> tuple[float, float] | None: ...
@@ -160,6 +162,11 @@ class FixedPlanner:
         """Batches come in a few fixed (padded) shapes: each is compiled as a static graph of its own."""
         self.options = dataclasses.replace(self.options, dynamic=False)
         _make_static(self.regions, self.recompile)
+
+    def revert(self, region: Region, reason: str) -> None:
+        """Puts ``region`` back to eager for the rest of the run (the churn policy), its decision saying why."""
+        revert_region(region)
+        mark_not_kept(self.decisions, region, reason)
 
     def recompile(self, region: Region, options: CompileOptions) -> None:
         """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
@@ -356,6 +363,11 @@ class AutoPlanner:
         self.shape_budget = shape_budget
         self.options = dataclasses.replace(self.options, dynamic=False)
         _make_static(self.regions, self.recompile)
+
+    def revert(self, region: Region, reason: str) -> None:
+        """Puts ``region`` back to eager for the rest of the run (the churn policy), its decision saying why."""
+        revert_region(region)
+        mark_not_kept(self.decisions, region, reason)
 
     def _failed(self, region: Region, error: BaseException) -> None:
         self._last_failure = torch_internals.describe_error(error)[:300]

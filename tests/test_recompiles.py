@@ -1,6 +1,7 @@
 """Recompile watch across epochs and the policies against churn, with real Trainers."""
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from compile_callback import CompileCallback, torch_internals
@@ -106,6 +107,22 @@ def test_pad_policy_turns_on_padding_for_the_next_epoch(tmp_path):
     assert 0 < report["summary"]["padding_waste"] < 0.5
 
 
+def test_pad_policy_falls_back_to_dynamic_where_the_loader_cannot_be_padded(tmp_path):
+    # Batches from a batch_sampler cannot take the padding collate: the churn is met with one dynamic
+    # graph instead, and the report says why (it used to claim "padding turned on" and pad nothing).
+    dataset = VarLenDataset([4, 8, 12, 16, 20, 24])
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(dataset), 4, drop_last=False)
+    callback = blocks(on_recompile="pad", max_recompiles_per_epoch=1)
+    model = TokenModel()
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2)
+    trainer.fit(model, DataLoader(dataset, batch_sampler=batches, collate_fn=pad_to_longest))
+    report = callback.last_report
+    assert [a["action"] for a in report["churn_actions"]] == ["recompiled once with dynamic=True against recompile churn"]
+    assert any("fell back to 'dynamic'" in n and "could not take the padding collate" in n for n in report["plan"]["notes"])
+    assert callback.planner.regions[0].compiled_with.dynamic is True
+    assert {shape[1] for shape in model.shapes_seen} == {4, 8, 12, 16, 20, 24}  # nothing was padded
+
+
 def test_python_value_guard_is_diagnosed(tmp_path):
     class Counting(TinyModel):
         def __init__(self):
@@ -133,3 +150,24 @@ def test_python_value_guard_is_diagnosed(tmp_path):
 def test_bad_recompile_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CompileCallback(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "policy, kind, padding_possible, expected",
+    [
+        ("pad", "shape", True, ("pad", "dynamic")),  # pad a changing size; dynamic if no buckets come of it
+        ("pad", "shape", False, ("dynamic",)),  # the user chose padding already, or no training loader
+        ("pad", "python_value", True, ("dynamic",)),  # not a dataloader size: padding cannot help
+        ("eager", "shape", True, ("eager",)),
+        ("dynamic", "shape", True, ("dynamic",)),
+        ("raise", "shape", True, ("raise",)),
+        ("warn", "shape", True, ("warn",)),
+    ],
+)
+def test_what_each_policy_does_about_churn(policy, kind, padding_possible, expected):
+    from compile_callback.churn import ChurnAction, remedies
+    from compile_callback.watch import PYTHON_VALUE, SHAPE
+
+    kinds = {"shape": SHAPE, "python_value": PYTHON_VALUE}
+    action = ChurnAction(policy, "model", "`x.size(1)` changed 8 → 16", kinds[kind], "recompiled in epoch 1, after the first")
+    assert remedies(action, padding_possible=padding_possible) == expected
