@@ -64,3 +64,20 @@ def test_last_takes_the_newest_samples_and_zero_takes_none():
     assert timer.samples_by_key("x", last=0) == {}
     assert timer.samples_by_key("x", last=10) == {"a": [1.0], "b": [2.0], "c": [3.0]}
     assert timer.median_ms("x", last=0) is None and timer.median_ms("x", last=2) == 2.5
+
+
+def test_interleaved_blocks_put_a_steady_drift_on_both_sides_alike():
+    import statistics
+
+    from compile_callback.planner import candidate_block
+
+    assert [candidate_block(b) for b in range(8)] == [True, False, False, True, True, False, False, True]
+    # Steps that lengthen by 0.2 ms each (ever longer batches, a host slowing down), 4 blocks of 3 timed
+    # steps, the same code on both sides: their medians agree, where alternating pairs favoured the first.
+    times = [5.0 + 0.2 * i for i in range(12)]
+    blocks = [times[3 * b:3 * b + 3] for b in range(4)]
+    candidate = [t for b, ts in enumerate(blocks) if candidate_block(b) for t in ts]
+    control = [t for b, ts in enumerate(blocks) if not candidate_block(b) for t in ts]
+    assert statistics.median(control) / statistics.median(candidate) == pytest.approx(1.0)
+    alternating = [t for b, ts in enumerate(blocks) if b % 2 == 1 for t in ts], [t for b, ts in enumerate(blocks) if b % 2 == 0 for t in ts]
+    assert statistics.median(alternating[0]) / statistics.median(alternating[1]) > 1.05  # the old order's bias
