@@ -891,7 +891,7 @@ class CompileCallback(Callback):
             self._act(trainer, action)
 
     def _new_churn(self, trainer: Trainer) -> list[ChurnAction]:
-        assert self.watch is not None and self.churn is not None
+        assert self.watch is not None and self.churn is not None and self.planner is not None
         if self.planner.searches:
             # The planner's own trials recompile (a new mode is a new backend): the policy judges the
             # frozen plan's recompiles only, so it never acts in the middle of a trial.

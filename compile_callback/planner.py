@@ -83,7 +83,35 @@ class Planner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class FixedPlanner:
+class _CompilesRegions:
+    """What both planners do to a region on request: compile it again, make the plan static, revert it.
+    Subclasses set ``regions``, ``options``, ``decisions`` and ``_failed`` (a run-time failure's handler)."""
+
+    regions: list[Region]
+    options: CompileOptions
+    decisions: list[Decision]
+    _failed: Callable[[Region, BaseException], None]
+
+    def recompile(self, region: Region, options: CompileOptions) -> None:
+        """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
+        compile_region(region, options, on_error=self._failed)
+
+    def compile_static(self, shape_budget: int) -> None:
+        """Batches come in a few fixed (padded) shapes: each is compiled as a static graph of its own,
+        regions compiled before the first batch (no eager baseline, a resumed or cached plan) with
+        ``dynamic`` unset included."""
+        self.options = dataclasses.replace(self.options, dynamic=False)
+        for region in self.regions:
+            if region.is_compiled and region.compiled_with.dynamic is None:
+                self.recompile(region, dataclasses.replace(region.compiled_with, dynamic=False))
+
+    def revert(self, region: Region, reason: str) -> None:
+        """Puts ``region`` back to eager for the rest of the run (the churn policy), its decision saying why."""
+        revert_region(region)
+        mark_not_kept(self.decisions, region, reason)
+
+
+class FixedPlanner(_CompilesRegions):
     """Compiles the regions the user named, after an eager baseline, and keeps them.
 
     Args:
@@ -158,20 +186,6 @@ class FixedPlanner:
     def priced_speedup(self) -> tuple[float, float] | None:
         return None  # no trials: the callback prices the plan against its eager baseline
 
-    def compile_static(self, shape_budget: int) -> None:
-        """Batches come in a few fixed (padded) shapes: each is compiled as a static graph of its own."""
-        self.options = dataclasses.replace(self.options, dynamic=False)
-        _make_static(self.regions, self.recompile)
-
-    def revert(self, region: Region, reason: str) -> None:
-        """Puts ``region`` back to eager for the rest of the run (the churn policy), its decision saying why."""
-        revert_region(region)
-        mark_not_kept(self.decisions, region, reason)
-
-    def recompile(self, region: Region, options: CompileOptions) -> None:
-        """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
-        compile_region(region, options, on_error=self._failed)
-
     def region_modules(self) -> dict[str, list[nn.Module]]:
         """The named regions, by name, with their modules."""
         return {region.name: list(region.modules) for region in self.regions}
@@ -191,14 +205,6 @@ def candidate_block(block: int) -> bool:
     later, so steps that lengthen over the trial made an eager-speed candidate look 9% faster (a loaded
     2-core machine kept one); in this order a steady drift falls on both sides alike."""
     return block % 4 in (0, 3)
-
-
-def _make_static(regions: list[Region], recompile: Any) -> None:
-    """Regions compiled before the first batch (no eager baseline, a resumed or cached plan) with
-    ``dynamic`` unset are compiled again static."""
-    for region in regions:
-        if region.is_compiled and region.compiled_with.dynamic is None:
-            recompile(region, dataclasses.replace(region.compiled_with, dynamic=False))
 
 
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
@@ -254,7 +260,7 @@ class Candidate:
         return self.region.name
 
 
-class AutoPlanner:
+class AutoPlanner(_CompilesRegions):
     """Profile, then compile candidates one at a time; keep each only if it verifies and measures faster.
 
     The script, one batch per ``yield``: ``warmup`` eager batches (not timed), ``profile`` batches
@@ -361,21 +367,11 @@ class AutoPlanner:
         """Ends the script where it stands (fit is over): a trial cut short puts its plan back."""
         self._script.close()
 
-    def recompile(self, region: Region, options: CompileOptions) -> None:
-        """Compiles ``region`` again with ``options``, guarded like every region this planner compiles."""
-        compile_region(region, options, on_error=self._failed)
-
     def compile_static(self, shape_budget: int) -> None:
-        """Batches come in a few fixed (padded) shapes: candidates are compiled as static graphs, and up to
-        ``shape_budget`` recompiles per region (one graph per bucket) do not count against a trial."""
+        """As every planner does; besides, up to ``shape_budget`` recompiles per region (one graph per
+        bucket) do not count against a trial."""
         self.shape_budget = shape_budget
-        self.options = dataclasses.replace(self.options, dynamic=False)
-        _make_static(self.regions, self.recompile)
-
-    def revert(self, region: Region, reason: str) -> None:
-        """Puts ``region`` back to eager for the rest of the run (the churn policy), its decision saying why."""
-        revert_region(region)
-        mark_not_kept(self.decisions, region, reason)
+        super().compile_static(shape_budget)
 
     def _failed(self, region: Region, error: BaseException) -> None:
         self._last_failure = torch_internals.describe_error(error)[:300]

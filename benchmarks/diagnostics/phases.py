@@ -31,6 +31,8 @@ import io
 import json
 import pstats
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -155,16 +157,11 @@ def fresh_process_probe_ms() -> float | str | None:
     """The host probe in a new process: slower there too means the machine, not this process's state."""
     if device.type != "cuda":
         return None
-    import subprocess
-
     done = subprocess.run([sys.executable, "-c", FRESH_PROBE], capture_output=True, text=True, timeout=120)
     return float(done.stdout.strip()) if done.returncode == 0 else done.stderr[-300:]
 
 
 def nvidia_smi() -> str | None:
-    import shutil
-    import subprocess
-
     if device.type != "cuda" or shutil.which("nvidia-smi") is None:
         return None
     query = "clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active"
