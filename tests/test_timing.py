@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from compile_callback.timing import StepTimer, median_noise, paired_speedup
+from compile_callback.timing import StepTimer, disturbed, median_noise, paired_speedup
 
 
 def test_windows_of_different_mixes_compare_like_with_like():
@@ -81,3 +81,12 @@ def test_interleaved_blocks_put_a_steady_drift_on_both_sides_alike():
     assert statistics.median(control) / statistics.median(candidate) == pytest.approx(1.0)
     alternating = [t for b, ts in enumerate(blocks) if b % 2 == 1 for t in ts], [t for b, ts in enumerate(blocks) if b % 2 == 0 for t in ts]
     assert statistics.median(alternating[0]) / statistics.median(alternating[1]) > 1.05  # the old order's bias
+
+
+def test_disturbed_sees_an_episode_that_slowed_part_of_a_window_and_not_a_quiet_one():
+    quiet = [29.30, 29.35, 29.41, 29.33, 29.38, 29.32, 29.36, 29.40, 29.31, 29.34]  # ResNet-50 eager, H200
+    assert not disturbed(quiet, tolerance=0.02)
+    episode = quiet[:5] + [34.8, 37.2, 36.4, 35.1, 33.2]  # the same window, half of it during a host episode
+    assert disturbed(episode, tolerance=0.02)
+    assert not disturbed(quiet[:4] + [40.0], tolerance=0.02)  # too few steps to tell: not judged
+    assert not disturbed(quiet + [60.0], tolerance=0.02)  # one slow step moves the median little
