@@ -39,6 +39,20 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="a disturbed CUDA-graph control window is not timed again",
+        path="compile_callback/planner.py",
+        old="        while windows < CONTROL_WINDOWS and not self._by_shape:\n",
+        new="        while windows < 1 and not self._by_shape:\n",
+        tests=("tests/test_mode_trial.py::test_a_disturbed_control_window_is_timed_again_and_the_quickest_prices_the_trial",),
+    ),
+    Mutation(
+        name="a re-timed control window is used whether or not it was quicker",
+        path="compile_callback/planner.py",
+        old="            if self.agree(self.timer.median_ms(retimed, wait=True) < self.timer.median_ms(best, wait=True)):\n",
+        new="            if True:\n",
+        tests=("tests/test_mode_trial.py::test_control_windows_stop_at_three_and_the_quickest_prices_the_trial",),
+    ),
+    Mutation(
         name="resume records the saved plan but never compiles it",
         path="compile_callback/planner.py",
         old="            compile_region(region, options, on_error=self._failed)\n            self.regions.append(region)\n",
