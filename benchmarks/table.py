@@ -308,6 +308,15 @@ def _is_measurement(result: dict[str, Any]) -> str | None:
     return None
 
 
+def _not_steady(record: dict[str, Any] | None) -> str | None:
+    """Why a callback variant's speed answers no target, or None: its plan froze after its steady window
+    began, so that window timed trials and compiles, not the plan (its memory and counts still answer)."""
+    if record is None or record.get("window_after_plan_frozen") is not False:
+        return None
+    return (f"{NOT_APPLICABLE} (plan frozen at step {record.get('plan_frozen_at_step')} of "
+            f"{record.get('steps_run')}: no steady window)")
+
+
 def _ok(records: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
     record = records.get(name)
     return record if record is not None and record.get("status") == "ok" else None
@@ -332,6 +341,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     records = records_by_variant(result)
     callback = _ok(records, "callback")
     invalid = _is_measurement(result)
+    not_steady = _not_steady(callback)
     verdicts: list[Verdict] = []
     drift = host_drift(records, by_throughput=workload.endswith("varlen"))
     order = [record.get("variant") for record in result.get("records", [])]
@@ -342,7 +352,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
         unsteady = None
         if between_variants and passed is not None:
             unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]))
-        verdicts.append(Verdict(workload, target, measured, invalid or unsteady or _verdict(passed)))
+        verdicts.append(Verdict(workload, target, measured, invalid or not_steady or unsteady or _verdict(passed)))
 
     speedup = callback.get("speedup_vs_eager") if callback else None
     if workload in SPEEDUP_TARGETS:
@@ -376,6 +386,7 @@ def _check_verdicts(
 ) -> list[Verdict]:
     """Issue 20's telemetry error and best-anchor targets and issue 19's memory target, for ``callback``."""
     workload = result["workload"]
+    not_steady = _not_steady(callback)
     checked = record_checks(result, callback) if callback else {}
     telemetry = checked.get("telemetry_error") or {}
     anchor = checked.get("versus_best_anchor") or {}
@@ -391,7 +402,7 @@ def _check_verdicts(
     unsteady = drift_verdict(drift) if passed is not None else None
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
-        measured, invalid or unsteady or _verdict(passed)))
+        measured, invalid or not_steady or unsteady or _verdict(passed)))
 
     passed = anchor.get("passed")
     best = anchor.get("best")
@@ -400,7 +411,7 @@ def _check_verdicts(
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
     verdicts.append(Verdict(
         workload, f"callback ≥ best of {' / '.join(checks.ANCHORS)} − {checks.ANCHOR_MARGIN:.0%}", measured,
-        invalid or unsteady or _verdict(passed)))
+        invalid or not_steady or unsteady or _verdict(passed)))
 
     passed = memory.get("passed")
     measured = (
@@ -520,7 +531,7 @@ def _varlen_verdicts(
             verdict = drift_verdict(drift, passed=passed, ran_later=ran_after(order, name, own)) or verdict
         elif drift_verdict(drift):
             verdict = drift_verdict(drift)
-        verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or verdict))
+        verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or _not_steady(record) or verdict))
     return verdicts
 
 

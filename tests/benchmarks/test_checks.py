@@ -162,3 +162,24 @@ def test_a_callback_variant_that_ran_past_total_steps_says_so():
                                      "device_memory_gb": 139.8}}
     assert "CUDA memory capped at 14.5 GiB (`set_per_process_memory_fraction(0.1042)` of 139.8 GiB)." in (
         table.render_result(capped))
+
+
+def test_a_plan_that_froze_inside_the_steady_window_answers_memory_but_no_speed_target():
+    """A one-epoch run whose callback froze its plan after the steady window began timed trials, not
+    the plan: its speed rows say so, and the targets table takes them from an older run that had a
+    steady window, while the memory row comes from the newest run."""
+    steady = {**_callback(24.0, speedup=1.9, memory_peak_gb=13.0), "window_after_plan_frozen": True,
+              "plan_frozen_at_step": 61, "steps_run": 242, "peak_memory_gb": 13.0}
+    old = {**_run(EAGER, WHOLE_RO, steady), "date": "2026-11-29T10:00"}
+    late = {**_callback(240.0, speedup=1.0), "window_after_plan_frozen": False, "plan_frozen_at_step": 62,
+            "steps_run": 192, "peak_memory_gb": 12.5}
+    new = {**_run(EAGER, WHOLE_RO, late), "date": "2026-12-01T14:58"}
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(new)}
+    no_window = "n/a (plan frozen at step 62 of 192: no steady window)"
+    assert verdicts["callback never slower than eager"] == no_window
+    assert verdicts["callback `compile/speedup` within ±5% of the harness's A/B"] == no_window
+    assert verdicts["callback ≥ best of eager / whole / whole_ro − 2%"] == no_window
+    assert not verdicts["callback peak memory ≤ 1.05 × max(eager, kept plan)"].startswith("n/a")
+    chosen = {verdict.target: (verdict.verdict, result["date"]) for verdict, result in table.best_verdicts([old, new])}
+    assert chosen["callback never slower than eager"] == ("met", "2026-11-29T10:00")
+    assert chosen["callback peak memory ≤ 1.05 × max(eager, kept plan)"][1] == "2026-12-01T14:58"
