@@ -155,7 +155,11 @@ def trial_budget(callback: CompileCallback) -> int:
     """Batches the CompileCallback may spend before its plan is frozen, at most (every trial run).
 
     Warm-up, profile, eager baseline, ``max_trials`` trials of warm-up + ``trial_steps``, the CUDA-graph
-    trial (warm-up + 2 recording calls + ``trial_steps``) and the warm-up after the last compile.
+    trial (warm-up + 2 recording calls + ``trial_steps``) and the warm-up after the last compile. Not
+    counted: a CUDA-graph trial's control window timed again because the host disturbed it (up to two
+    more windows of warm-up + ``trial_steps``; ``planner.CONTROL_WINDOWS``); the callback variant then
+    runs on past the total, up to the budget once more (``--total-steps`` + budget + the steady window),
+    until its steady window holds its frozen plan only.
     """
     profile_steps = getattr(callback_module, "PROFILE_STEPS", 3)
     trial = callback.warmup_steps + callback.trial_steps
