@@ -194,7 +194,7 @@ def test_a_quiet_control_window_is_timed_once():
 def test_control_windows_stop_at_three_and_the_quickest_prices_the_trial():
     model, x = Model(), torch.randn(4, 8)
     planner = make_planner(model, x, trial_ms=1.0)
-    slower = [x + 0.2 for x in DISTURBED_WINDOW]
+    slower = [ms + 0.2 for ms in DISTURBED_WINDOW]
     timed = drive_timed(planner, model, x, {CONTROL_LABEL: slower, CONTROL_LABEL + "#1": DISTURBED_WINDOW,
                                             CONTROL_LABEL + "#2": slower, "trial:reduce-overhead": [1.0]})
     assert [timed.count(CONTROL_LABEL + suffix) for suffix in ("", "#1", "#2")] == [10, 10, 10]
