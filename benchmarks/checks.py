@@ -7,6 +7,9 @@
 - **Best whole-model anchor**: the callback's step against the fastest of eager, whole-model compile
   and whole-model ``reduce-overhead`` in the same run; at least ``1 -`` :data:`ANCHOR_MARGIN` of its
   speed passes.
+- **Plain-loop ceiling** (issue 23): the callback's step against the faster of ``bare_whole`` and
+  ``bare_whole_ro`` (the model compiled, trained by a plain PyTorch loop) in the same run; at most
+  :data:`CEILING_LIMIT` times its step time passes.
 - **Memory**: the callback variant's peak (``torch.cuda.max_memory_allocated`` over its whole fit,
   trials included) against :data:`MEMORY_FACTOR` x max(eager's peak, the kept plan's peak). The plan's
   peak is the callback's own ``memory_plan_peak_gb`` where its report has one; else the peak of the
@@ -29,6 +32,8 @@ TELEMETRY_TOLERANCE = 0.05  # issue 20: the reported speedup within ±5% of the 
 ANCHOR_MARGIN = 0.02  # issue 20: the callback at least as fast as the best anchor, minus 2%
 MEMORY_FACTOR = 1.05  # issue 19: peak ≤ 1.05 x max(eager, kept plan)
 ANCHORS = ("eager", "whole", "whole_ro")
+CEILING_LIMIT = 1.02  # issue 23: the callback's step at most 2% slower than the plain loop's best compile
+CEILINGS = ("bare_whole", "bare_whole_ro")
 # A callback variant run another way than plain `callback` is compared with the variants run that way.
 EAGER_OF = {"callback_pbar": "eager_pbar"}
 ANCHORS_OF = {"callback_pbar": ("eager_pbar", "whole_pbar")}
@@ -120,6 +125,40 @@ def versus_best_anchor(
     }
 
 
+def versus_ceiling(
+    record: dict[str, Any], records: dict[str, dict[str, Any]], *, by_throughput: bool
+) -> dict[str, Any] | None:
+    """The callback's step time over the plain loop's best compiled step (1.0: as fast; above: slower).
+
+    Returns:
+        ``best`` (the ceiling variant), ``step_ratio``, ``ceilings`` (those that ran), ``missing``,
+        ``limit`` and ``passed`` (step_ratio ≤ limit; None where no ceiling ran); None for a variant
+        without a callback.
+    """
+    if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
+        return None
+    speeds = {}  # how much faster the callback ran than each ceiling (below 1: slower)
+    for name in CEILINGS:
+        ceiling = _ok(records, name)
+        value = harness_speedup(record, ceiling, by_throughput=by_throughput) if ceiling else None
+        if value:
+            speeds[name] = value
+    missing = [name for name in CEILINGS if name not in speeds]
+    if not speeds:
+        return {"best": None, "step_ratio": None, "ceilings": [], "missing": missing, "limit": CEILING_LIMIT,
+                "passed": None}
+    best = min(speeds, key=speeds.__getitem__)
+    step_ratio = 1.0 / speeds[best]
+    return {
+        "best": best,
+        "step_ratio": step_ratio,
+        "ceilings": sorted(speeds, key=CEILINGS.index),
+        "missing": missing,
+        "limit": CEILING_LIMIT,
+        "passed": step_ratio <= CEILING_LIMIT,
+    }
+
+
 def kept_plan(record: dict[str, Any]) -> tuple[str, str]:
     """What the callback ended with, from its decisions: ``("eager", ...)``, ``("whole", mode)`` or
     ``("partial", the kept regions)``."""
@@ -189,7 +228,7 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
 
 
 def add_checks(records: list[dict[str, Any]], *, by_throughput: bool) -> None:
-    """Fills ``telemetry_error``, ``versus_best_anchor`` and ``memory_check`` into every callback
+    """Fills ``telemetry_error``, ``versus_best_anchor``, ``versus_ceiling`` and ``memory_check`` into every callback
     variant's record, from the records so far (run again after each variant)."""
     by_name = {record["variant"]: record for record in records}
     for record in records:
@@ -197,4 +236,5 @@ def add_checks(records: list[dict[str, Any]], *, by_throughput: bool) -> None:
             continue
         record["telemetry_error"] = telemetry_error(record, by_name, by_throughput=by_throughput)
         record["versus_best_anchor"] = versus_best_anchor(record, by_name, by_throughput=by_throughput)
+        record["versus_ceiling"] = versus_ceiling(record, by_name, by_throughput=by_throughput)
         record["memory_check"] = memory_check(record, by_name)

@@ -1,7 +1,9 @@
 """The variants a workload is run as, and how each one prepares the model before training.
 
-Every variant but ``bare_eager`` trains through the same Lightning loop, so the ratios between them
-are the compile strategy's alone; ``bare_eager`` (a plain PyTorch loop) shows Lightning's own cost.
+Every variant but the ``bare_*`` ones trains through the same Lightning loop, so the ratios between
+them are the compile strategy's alone; ``bare_eager`` (a plain PyTorch loop) shows Lightning's own
+cost, and ``bare_whole`` / ``bare_whole_ro`` (the same loop, the model compiled) the ceiling a compiled
+step can reach without Lightning's loop around it (issue 23: the callback within 2% of it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ VARIANTS = {
     variant.name: variant
     for variant in (
         Variant("bare_eager", "plain PyTorch loop, eager (no Lightning)", lightning=False),
+        Variant("bare_whole", "plain PyTorch loop, model.compile() of the whole module (the ceiling)", lightning=False,
+                compile="whole"),
+        Variant(
+            "bare_whole_ro", "plain PyTorch loop, whole model, mode='reduce-overhead' (the ceiling with CUDA graphs)",
+            lightning=False, compile="whole", mode="reduce-overhead",
+        ),
         Variant("eager", "Lightning, eager"),
         Variant("whole", "Lightning, model.compile() of the whole LightningModule", compile="whole"),
         Variant(

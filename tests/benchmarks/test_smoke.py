@@ -28,7 +28,7 @@ REQUIRED_KEYS = {
     "compile_s_dynamo", "graphs", "recompiles", "graph_breaks", "mfu", "peak_memory_gb", "steps_run",
     "steps_measured", "recompiles_per_epoch", "final_loss",
 }
-COMPILED = {"whole", "whole_ro", "whole_padmax", "per_block"}
+COMPILED = {"whole", "whole_ro", "whole_padmax", "per_block", "bare_whole", "bare_whole_ro"}
 
 
 @pytest.fixture(scope="module")
