@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from compile_callback import CompileCallback
@@ -71,7 +72,10 @@ class StepTimes(L.Callback):
         counts = self.counts(batch) if self.counts is not None else None
         self.timer.stop("step", key=counts)
         if counts is not None and self.flops is not None and self.flops_per_item is None:
-            self.flops_per_item = self.flops(batch) / (counts[1] or counts[0])
+            try:
+                self.flops_per_item = self.flops(batch) / (counts[1] or counts[0])
+            except Exception as error:  # a model that cannot run on the meta device: no MFU, the run goes on
+                self.flops, self.peak, self.peak_note = None, None, f"FLOPs not counted: {type(error).__name__}: {error}"
         every = trainer.log_every_n_steps or 50
         if counts is not None and trainer.global_step % every == 0:
             for name, value in self.throughput().items():
@@ -164,10 +168,15 @@ def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.T
     settings = config.trainer
     logger = TensorBoardLogger(save_dir=config.run_dir, name="", default_hp_metric=False)
     logger.log_hyperparams(to_dict(config))
+    callbacks: list[L.Callback] = ([callback] if callback is not None else []) + [step_times(config)]
+    if settings.enable_progress_bar and settings.max_epochs is None and settings.max_steps != -1:
+        # A run bounded by steps has max_epochs -1, which Lightning's rich progress bar (its default
+        # where `rich` is installed) shows as "Epoch 0/-2"; the tqdm bar shows the epoch alone.
+        callbacks.append(TQDMProgressBar())
     return L.Trainer(
         default_root_dir=config.run_dir,
         logger=logger,
-        callbacks=([callback] if callback is not None else []) + [step_times(config)],
+        callbacks=callbacks,
         max_steps=settings.max_steps,
         max_epochs=settings.max_epochs,
         precision=settings.precision,

@@ -3,6 +3,8 @@ quoted with, the window's rates by hand, and the peak the MFU assumes."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -43,3 +45,16 @@ def test_the_peak_is_assumed_from_the_device_name_and_said(monkeypatch):
     assert peak_flops(torch.device("cuda", 0), "32-true")[0] is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
     assert peak_flops(torch.device("cuda", 0), "bf16-mixed") == (None, "no peak FLOP/s known for 'NVIDIA L4'")
+
+
+def test_a_step_bounded_run_gets_the_progress_bar_without_a_negative_epoch_count():
+    """Lightning sets max_epochs to -1 at fit for a run bounded by max_steps; its rich bar (the default
+    where `rich` is installed, as here) then reads "Epoch 0/-2". The recipes give such runs the tqdm bar."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from recipes.train import build_trainer
+
+    bounded = build_trainer(load_config(config_path("gpt_tiny"), ["trainer.max_steps=5", "trainer.max_epochs=null"]), None)
+    assert type(bounded.progress_bar_callback) is TQDMProgressBar
+    by_epochs = build_trainer(load_config(config_path("gpt_tiny"), ["trainer.max_steps=-1", "trainer.max_epochs=2"]), None)
+    assert sum(isinstance(c, TQDMProgressBar) for c in by_epochs.callbacks) == 0 or importlib.util.find_spec("rich") is None
