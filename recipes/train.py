@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from compile_callback import CompileCallback
@@ -22,6 +24,7 @@ from compile_callback.timing import StepTimer, summarize
 from recipes.config import ConfigError, CVRecipeConfig, GPTRecipeConfig, RecipeConfig, load_config, to_dict
 from recipes.cv import CVDataModule, CVModule
 from recipes.gpt import GPTDataModule, GPTModule
+from recipes.throughput import peak_flops, rates, step_flops
 
 REPORT_FILE = "compile_report.json"
 STEADY_STEPS = 100  # the run's last steps, whose median step time the summary prints
@@ -30,25 +33,78 @@ STEADY_STEPS = 100  # the run's last steps, whose median step time the summary p
 class StepTimes(L.Callback):
     """Times every training batch (CUDA events, no host sync per step) so that any run, with the
     CompileCallback or without it (``callback_enabled=false``), ends with the median time of its last
-    :data:`STEADY_STEPS` steps: eager and compiled runs of a recipe compare directly."""
+    :data:`STEADY_STEPS` steps: eager and compiled runs of a recipe compare directly. From the same
+    steps it logs ``train/samples_per_sec``, ``train/tokens_per_sec`` (sequence batches; padding
+    included) and ``train/mfu`` every ``log_every_n_steps`` (:mod:`recipes.throughput`: fabric's
+    ``Throughput`` and ``measure_flops``; the MFU where a peak is known for the device).
 
-    def __init__(self) -> None:
+    Args:
+        counts: ``(samples, items)`` of a batch from its shapes (items None for images).
+        flops: FLOPs of a training step on a batch's shapes (``recipes.throughput.step_flops``),
+            measured once, on the first batch; per item where batches vary in length.
+        precision: the Trainer's, for the peak FLOP/s (:func:`recipes.throughput.peak_flops`).
+    """
+
+    def __init__(
+        self,
+        counts: Callable[[Any], tuple[int, int | None]] | None = None,
+        flops: Callable[[Any], int] | None = None,
+        precision: str = "32-true",
+    ) -> None:
         self.timer: StepTimer | None = None
+        self.counts, self.flops, self.precision = counts, flops, precision
+        self.flops_per_item: float | None = None  # FLOPs of a step per item (per sample for images)
+        self.peak: float | None = None
+        self.peak_note = ""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.timer = StepTimer(pl_module.device, keep=STEADY_STEPS)
+        self.peak, self.peak_note = peak_flops(pl_module.device, str(trainer.precision))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.timer is not None:
             self.timer.start()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.timer is not None:
-            self.timer.stop("step")
+        if self.timer is None:
+            return
+        # Each step's counts ride with its time as the sample's key: read from shapes, on the host.
+        counts = self.counts(batch) if self.counts is not None else None
+        self.timer.stop("step", key=counts)
+        if counts is not None and self.flops is not None and self.flops_per_item is None:
+            try:
+                self.flops_per_item = self.flops(batch) / (counts[1] or counts[0])
+            except Exception as error:  # a model that cannot run on the meta device: no MFU, the run goes on
+                self.flops, self.peak, self.peak_note = None, None, f"FLOPs not counted: {type(error).__name__}: {error}"
+        every = trainer.log_every_n_steps or 50
+        if counts is not None and trainer.global_step % every == 0:
+            for name, value in self.throughput().items():
+                pl_module.log(f"train/{name}", value, on_step=True, on_epoch=False)
 
     def steady(self) -> dict[str, float]:
         """``median_ms``, ``p90_ms`` and ``n`` of the last steps (empty before any step)."""
         return summarize(self.timer.samples_ms("step", wait=True)) if self.timer is not None else {}
+
+    def throughput(self, *, wait: bool = False) -> dict[str, float]:
+        """``samples_per_sec``, ``tokens_per_sec`` (sequences), ``mfu`` (a known peak) of the last steps
+        whose times are in (all of them with ``wait``; else those already done: no host sync)."""
+        if self.timer is None or self.counts is None:
+            return {}
+        times, samples, items = [], [], []
+        for (batch_samples, batch_items), steps in self.timer.samples_by_key("step", wait=wait).items():
+            times += steps
+            samples += [batch_samples] * len(steps)
+            items += [batch_items or 0] * len(steps)
+        tokens = any(items)
+        flops = ([self.flops_per_item * (count or sample) for sample, count in zip(samples, items)]
+                 if self.flops_per_item is not None else None)
+        found = rates(times, samples, items if tokens else None, flops, self.peak)
+        result = {"samples_per_sec": found["samples_per_sec"]} if "samples_per_sec" in found else {}
+        if tokens and "items_per_sec" in found:
+            result["tokens_per_sec"] = found["items_per_sec"]
+        if "mfu" in found:
+            result["mfu"] = found["mfu"]
+        return result
 
 
 def run(config_path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -86,15 +142,41 @@ def build_task(config: RecipeConfig) -> tuple[L.LightningDataModule, L.Lightning
     raise ConfigError(f"config key 'task' must be 'gpt' or 'cv'; got {config.task!r}.")
 
 
+def step_times(config: RecipeConfig) -> StepTimes:
+    """The step timer of the config's task: how to count a batch, and how to measure a step's FLOPs."""
+    if isinstance(config, GPTRecipeConfig):
+        def counts(batch: Any) -> tuple[int, int | None]:
+            size, length = batch["input_ids"].shape
+            return size, size * length
+
+        def flops(batch: Any) -> int:
+            return step_flops(lambda: GPTModule(config.model, config.optim),
+                              lambda model, b: model(b["input_ids"], b["labels"])[1], batch)
+    else:
+        def counts(batch: Any) -> tuple[int, int | None]:
+            return batch["images"].shape[0], None
+
+        def flops(batch: Any) -> int:
+            model_config = config.model
+            return step_flops(lambda: CVModule(model_config, config.optim),
+                              lambda model, b: F.cross_entropy(model(b["images"]), b["labels"]), batch)
+    return StepTimes(counts, flops, precision=config.trainer.precision)
+
+
 def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.Trainer:
     """A Trainer that logs to TensorBoard under ``run_dir``, on whatever accelerator is there."""
     settings = config.trainer
     logger = TensorBoardLogger(save_dir=config.run_dir, name="", default_hp_metric=False)
     logger.log_hyperparams(to_dict(config))
+    callbacks: list[L.Callback] = ([callback] if callback is not None else []) + [step_times(config)]
+    if settings.enable_progress_bar and settings.max_epochs is None and settings.max_steps != -1:
+        # A run bounded by steps has max_epochs -1, which Lightning's rich progress bar (its default
+        # where `rich` is installed) shows as "Epoch 0/-2"; the tqdm bar shows the epoch alone.
+        callbacks.append(TQDMProgressBar())
     return L.Trainer(
         default_root_dir=config.run_dir,
         logger=logger,
-        callbacks=([callback] if callback is not None else []) + [StepTimes()],
+        callbacks=callbacks,
         max_steps=settings.max_steps,
         max_epochs=settings.max_epochs,
         precision=settings.precision,
@@ -117,8 +199,10 @@ def train(config: RecipeConfig) -> dict[str, Any]:
     Returns:
         ``run_dir``, ``log_dir`` (TensorBoard event files), ``report_path`` (``compile_report.json``, or
         None without the callback), ``report`` (the callback's report dict), ``metrics`` (the last
-        logged values, e.g. ``train/loss``, ``val/loss``), ``global_step``, ``seconds``, and
-        ``steady_step_ms`` (the median of the last ``steady_steps`` steps' times, at most 100).
+        logged values, e.g. ``train/loss``, ``val/loss``), ``global_step``, ``seconds``,
+        ``steady_step_ms`` (the median of the last ``steady_steps`` steps' times, at most 100), and of
+        the same steps ``throughput`` (``samples_per_sec``, ``tokens_per_sec`` for sequences, ``mfu``
+        where a peak is known) with ``peak_flops``, the peak assumed (or why none).
 
     Raises:
         ConfigError: a value that only shows as wrong once things are built (e.g. a callback option).
@@ -138,10 +222,14 @@ def train(config: RecipeConfig) -> dict[str, Any]:
 
     log_dir = trainer.logger.log_dir if trainer.logger is not None else config.run_dir
     report_path = os.path.join(log_dir, REPORT_FILE)
-    times = next(c for c in trainer.callbacks if isinstance(c, StepTimes)).steady()
+    timer = next(c for c in trainer.callbacks if isinstance(c, StepTimes))
+    times = timer.steady()
     result = {
         "steady_step_ms": times.get("median_ms"),
         "steady_steps": int(times.get("n", 0)),
+        # Of the same steps: samples/s, tokens/s (sequences) and MFU (where a peak is known), and what peak.
+        "throughput": timer.throughput(wait=True),
+        "peak_flops": timer.peak_note,
         "run_dir": config.run_dir,
         "log_dir": log_dir,
         "report_path": report_path if os.path.isfile(report_path) else None,
@@ -167,8 +255,18 @@ def summary(config: RecipeConfig, result: dict[str, Any]) -> str:
     headline = f"run {config.name!r}: {result['global_step']} steps in {result['seconds']:.1f} s"
     if result.get("steady_step_ms") is not None:
         headline += f" (median step of the last {result['steady_steps']}: {result['steady_step_ms']:.2f} ms)"
+    rates = result.get("throughput") or {}
+    speed = ""
+    if "tokens_per_sec" in rates:
+        speed = f"  throughput:       {rates['tokens_per_sec']:,.0f} tokens/s ({rates['samples_per_sec']:,.1f} sequences/s)"
+    elif "samples_per_sec" in rates:
+        speed = f"  throughput:       {rates['samples_per_sec']:,.1f} images/s"
+    if speed:
+        speed += (f", MFU {rates['mfu']:.1%} ({result['peak_flops']})" if "mfu" in rates
+                  else f", MFU – ({result['peak_flops']})")
     lines = [
         "\n" + headline + (f"; {losses}" if losses else ""),
+        *([speed] if speed else []),
         f"  TensorBoard logs: {result['log_dir']}",
         f"  compile report:   {result['report_path'] or '(none: callback disabled or report=false)'}",
         f"  open TensorBoard: {command} --logdir {config.run_dir}",

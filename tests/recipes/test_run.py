@@ -62,6 +62,20 @@ def test_tiny_config_trains_and_leaves_logs_and_report(name, tmp_path, capsys):
     assert f"TensorBoard logs: {result['log_dir']}" in printed
     assert f"--logdir {tmp_path}" in printed
 
+    # Throughput of the same timed steps, logged every log_every_n_steps and printed at the end; no MFU
+    # on a CPU (no peak assumed), and the line says so.
+    rate = "train/tokens_per_sec" if name == "gpt_tiny" else "train/samples_per_sec"
+    steps = [step for step, _ in scalars[rate]]
+    assert len(steps) == 3 and steps == [step for step, _ in scalars["train/loss"]], (steps, scalars["train/loss"])
+    assert all(value > 0 for _, value in scalars[rate])
+    assert "train/mfu" not in scalars
+    throughput = result["throughput"]
+    if name == "gpt_tiny":
+        assert f"throughput:       {throughput['tokens_per_sec']:,.0f} tokens/s (" in printed
+    else:
+        assert f"throughput:       {throughput['samples_per_sec']:,.1f} images/s" in printed
+    assert ", MFU – (no peak FLOP/s assumed on cpu)" in printed
+
 
 def test_gpt_varlen_run_logs_perplexity_and_sees_the_length_change(tmp_path):
     # 10 steps: lengths change every batch, so steps that compile (untimed) leave few to time the speedup.
