@@ -62,6 +62,16 @@ VARIANTS = {
     "timm_vit": (*FIXED_VARIANTS, "eager_end"),
 }
 WORKLOADS = tuple(VARIANTS)
+# What --smoke runs (the harness's own test, in `make test`): every variant on at least one workload,
+# and every workload's model through eager, the callback and eager_end. ResNet-50's smoke model is
+# ResNet-18 CIFAR's, and the third-party workloads' compiles are the whole-model compiles the others
+# run; their full lists cost ~40 s of a 2-core CPU for no code path of their own.
+SMOKE_VARIANTS = {
+    **VARIANTS,
+    "resnet50": ("eager", "callback", "eager_end"),
+    "hf_gpt2": ("eager", "callback", "eager_end"),
+    "timm_vit": ("eager", "callback", "eager_end"),
+}
 # What runs without --variants, where all of them would not fit a 10-minute command on the H200: the
 # variable-length workload's no-padding compile alone takes ~165 s (148 s compiling); the plain loop and
 # per-block compile are measured on the fixed-shape workloads of this repository. The third-party

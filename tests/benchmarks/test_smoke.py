@@ -20,7 +20,7 @@ from benchmarks.measure import StepMeter, percentile
 from benchmarks.runner import add_speedups
 from benchmarks.variants import VARIANTS as VARIANT_SPECS
 from benchmarks.variants import skip_reason
-from benchmarks.workloads import IGNORE_INDEX, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
+from benchmarks.workloads import IGNORE_INDEX, SMOKE_VARIANTS, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED_KEYS = {
@@ -72,13 +72,21 @@ def test_every_workload_writes_json_and_markdown(smoke_run):
         assert f"### {result['workload']} (smoke)" in completed.stdout
 
 
+def test_the_smoke_run_has_every_variant_on_some_workload_and_every_workload_its_callback():
+    assert set().union(*SMOKE_VARIANTS.values()) == set().union(*VARIANTS.values())
+    for workload, names in SMOKE_VARIANTS.items():
+        assert set(names) <= set(VARIANTS[workload]), workload
+        assert {"eager", "callback", "eager_end"} <= set(names), workload
+        assert [n for n in VARIANTS[workload] if n in names] == list(names), workload  # in the run's order
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_records_are_complete_and_consistent(smoke_run, workload):
     _, results = smoke_run
     _, result = results[workload]
     records = {record["variant"]: record for record in result["records"]}
-    assert list(records) == list(VARIANTS[workload])
+    assert list(records) == list(SMOKE_VARIANTS[workload])
     settings = result["settings"]
     for name, record in records.items():
         if record["status"] == "skipped":
