@@ -388,7 +388,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     drift_text = f" (eager drifted {drift - 1:+.1%} by the run's end)" if drift is not None else ""
     add("callback never slower than eager", _number(speedup, ".3f", "×") + drift_text,
         None if speedup is None else speedup >= 1.0)
-    verdicts.extend(_check_verdicts(result, callback, invalid, drift, order))
+    verdicts.extend(_check_verdicts(result, callback, invalid or not_steady, invalid, drift, order))
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
@@ -397,12 +397,12 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
 
 
 def _check_verdicts(
-    result: dict[str, Any], callback: dict[str, Any] | None, invalid: str | None, drift: float | None,
-    order: Sequence[str],
+    result: dict[str, Any], callback: dict[str, Any] | None, speed_invalid: str | None, invalid: str | None,
+    drift: float | None, order: Sequence[str],
 ) -> list[Verdict]:
-    """Issue 20's telemetry error and best-anchor targets and issue 19's memory target, for ``callback``."""
+    """Issue 20's telemetry error and best-anchor targets, issue 23's ceiling and issue 19's memory target,
+    for ``callback``; ``speed_invalid`` (also a plan frozen inside the steady window) holds for all but memory."""
     workload = result["workload"]
-    not_steady = _not_steady(callback)
     checked = record_checks(result, callback) if callback else {}
     telemetry = checked.get("telemetry_error") or {}
     anchor = checked.get("versus_best_anchor") or {}
@@ -418,7 +418,7 @@ def _check_verdicts(
     unsteady = drift_verdict(drift) if passed is not None else None
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
-        measured, invalid or not_steady or unsteady or _verdict(passed)))
+        measured, speed_invalid or unsteady or _verdict(passed)))
 
     passed = anchor.get("passed")
     best = anchor.get("best")
@@ -427,7 +427,7 @@ def _check_verdicts(
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
     verdicts.append(Verdict(
         workload, f"callback ≥ best of {' / '.join(checks.ANCHORS)} − {checks.ANCHOR_MARGIN:.0%}", measured,
-        invalid or not_steady or unsteady or _verdict(passed)))
+        speed_invalid or unsteady or _verdict(passed)))
 
     if workload in CEILING_WORKLOADS:
         ceiling = checked.get("versus_ceiling") or {}
@@ -437,7 +437,7 @@ def _check_verdicts(
         unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
         verdicts.append(Verdict(
             workload, f"callback step ≤ {checks.CEILING_LIMIT}× the plain-loop ceiling ({' / '.join(checks.CEILINGS)})",
-            measured, invalid or not_steady or unsteady or _verdict(passed)))
+            measured, speed_invalid or unsteady or _verdict(passed)))
 
     passed = memory.get("passed")
     measured = (

@@ -209,6 +209,11 @@ def candidate_block(block: int) -> bool:
     return block % 4 in (0, 3)
 
 
+def _retimed(windows: int) -> str:
+    """How a CUDA-graph trial's control was timed, for its decision's reason ("" for one quiet window)."""
+    return "" if windows == 1 else f" (the quickest of {windows} windows: the host disturbed the first)"
+
+
 def mark_failed(decisions: list[Decision], region: Region, error: BaseException) -> None:
     """Records that a kept region failed at run time and now runs eager."""
     text = torch_internals.describe_error(error)[:300]
@@ -347,7 +352,6 @@ class AutoPlanner(_CompilesRegions):
         self.profiler: RegionProfiler | None = None
         self._last_failure = ""
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
-        self._control_windows: dict[str, int] = {}  # a CUDA-graph trial's pricing control label: windows timed
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
         self._by_shape = False  # whether trials compare steps shape by shape
         self.shape_budget = 0  # recompiles per region expected from static padding buckets (compile_static)
@@ -441,7 +445,7 @@ class AutoPlanner(_CompilesRegions):
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
-        remaining = self.remaining_batches() - (self.warmup_steps + 2 + (CONTROL_WINDOWS + 1) * (1 + self._trial_length))
+        remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
             if self.agree(remaining > 0):
                 trials += 1
@@ -461,10 +465,11 @@ class AutoPlanner(_CompilesRegions):
         options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
         control = label + CONTROL
         interleaved = options.mode != "reduce-overhead"
+        windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
-            control = yield from self._control_window(control)
+            control, windows = yield from self._control_window(control)
             misfit = self._graph_pool_misfit()
             if misfit is not None:
                 self._decide(candidate, options, kept=False, reason=misfit)
@@ -502,7 +507,7 @@ class AutoPlanner(_CompilesRegions):
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
         speedup, noise, low, threshold, keep = self._verdict(control, label)
         compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
-        how = "between its own steps" if interleaved else "right before it" + self._retimed(control)
+        how = "between its own steps" if interleaved else "right before it" + _retimed(windows)
         if keep:
             self.regions.append(candidate.region)
             self._kept.append(candidate.region)
@@ -524,8 +529,12 @@ class AutoPlanner(_CompilesRegions):
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
         if (candidate.mode or self.options.mode) == "reduce-overhead":
-            return (CONTROL_WINDOWS + 1) * (1 + self._trial_length)
+            return self._graph_trial_batches()
         return self._interleaved_blocks() * INTERLEAVE_BLOCK
+
+    def _graph_trial_batches(self) -> int:
+        """A CUDA-graph trial's timed batches at most: its control windows and its own, each after one untimed step."""
+        return (CONTROL_WINDOWS + 1) * (1 + self._trial_length)
 
     def _interleaved_blocks(self) -> int:
         """Blocks of an interleaved trial: enough for ``_trial_length`` timed steps on each side."""
@@ -538,12 +547,12 @@ class AutoPlanner(_CompilesRegions):
         for _ in range(self._trial_length):
             yield label
 
-    def _control_window(self, control: str) -> Generator[str | None, None, str]:
+    def _control_window(self, control: str) -> Generator[str | None, None, tuple[str, int]]:
         """The plan before a CUDA-graph trial, timed right before it; returns the label of the window
-        that prices the trial. A busy host only adds time, in episodes of a few to tens of steps that a
-        CUDA-graph step (one launch) hardly feels: one such episode in a 20-step eager window read
-        ResNet-50's speedup 6.5% high on the H200 (17 of 20 steps at 30.3-41.5 ms where eager runs at
-        29.7). So a disturbed window (:func:`~compile_callback.timing.disturbed`) is timed again, at most
+        that prices the trial and how many windows were timed. A busy host only adds time, in episodes
+        of a few to tens of steps that a CUDA-graph step (one launch) hardly feels: one such episode in
+        a 20-step eager window read ResNet-50's speedup 6.5% high on the H200 (17 of 20 steps at
+        30.3-41.5 ms where eager runs at 29.7). So a disturbed window (:func:`~compile_callback.timing.disturbed`) is timed again, at most
         ``CONTROL_WINDOWS - 1`` times, and the quickest by median prices the trial. Not where batches
         come in several shapes: their mix spreads a window's steps, and they are priced shape by shape."""
         yield from self._window(control)
@@ -556,13 +565,7 @@ class AutoPlanner(_CompilesRegions):
             yield from self._window(retimed)
             if self.agree(self.timer.median_ms(retimed, wait=True) < self.timer.median_ms(best, wait=True)):
                 best = retimed
-        self._control_windows[best] = windows
-        return best
-
-    def _retimed(self, control: str) -> str:
-        """How a CUDA-graph trial's control was timed, for its decision's reason ("" for one quiet window)."""
-        windows = self._control_windows.get(control, 1)
-        return "" if windows == 1 else f" (the quickest of {windows} windows: the host disturbed the first)"
+        return best, windows
 
     def _interleaved(self, region: Region, label: str, control: str) -> Iterator[str | None]:
         """The trial's steps in alternating blocks: ``region`` compiled (timed under ``label``), then the
@@ -599,7 +602,7 @@ class AutoPlanner(_CompilesRegions):
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
         control = "trial:reduce-overhead" + CONTROL
-        control = yield from self._control_window(control)  # the kept plan, right before (see _trial)
+        control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         kept = list(self._kept)
         misfit = self._graph_pool_misfit()
         if misfit is not None:
@@ -654,7 +657,7 @@ class AutoPlanner(_CompilesRegions):
             for region in kept:
                 region.compiled_with = options
             reason = (f"CUDA graphs: {speedup:.3f}x faster than the same regions in default mode, timed right before"
-                      f"{self._retimed(control)} ({low:.3f}x by lower quartiles; threshold {threshold:.3f}x)")
+                      f"{_retimed(windows)} ({low:.3f}x by lower quartiles; threshold {threshold:.3f}x)")
         else:
             restore()
             if not verdict.passed:

@@ -42,17 +42,16 @@ class StepTimes(L.Callback):
         counts: ``(samples, items)`` of a batch from its shapes (items None for images).
         flops: FLOPs of a training step on a batch's shapes (``recipes.throughput.step_flops``),
             measured once, on the first batch; per item where batches vary in length.
-        precision: the Trainer's, for the peak FLOP/s (:func:`recipes.throughput.peak_flops`).
+    The peak FLOP/s comes from the device and the Trainer's precision (:func:`recipes.throughput.peak_flops`).
     """
 
     def __init__(
         self,
         counts: Callable[[Any], tuple[int, int | None]] | None = None,
         flops: Callable[[Any], int] | None = None,
-        precision: str = "32-true",
     ) -> None:
         self.timer: StepTimer | None = None
-        self.counts, self.flops, self.precision = counts, flops, precision
+        self.counts, self.flops = counts, flops
         self.flops_per_item: float | None = None  # FLOPs of a step per item (per sample for images)
         self.peak: float | None = None
         self.peak_note = ""
@@ -157,10 +156,9 @@ def step_times(config: RecipeConfig) -> StepTimes:
             return batch["images"].shape[0], None
 
         def flops(batch: Any) -> int:
-            model_config = config.model
-            return step_flops(lambda: CVModule(model_config, config.optim),
+            return step_flops(lambda: CVModule(config.model, config.optim),
                               lambda model, b: F.cross_entropy(model(b["images"]), b["labels"]), batch)
-    return StepTimes(counts, flops, precision=config.trainer.precision)
+    return StepTimes(counts, flops)
 
 
 def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.Trainer:
