@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "measured against it) and 'eager_end' (eager again, last: the host's drift over the run) are always added.",
     )
     parser.add_argument(
+        "--as-listed", action="store_true",
+        help="run --variants in the order listed (still 'eager' first and 'eager_end' last) instead of the "
+        "workload's order: run a comparison in both orders and trust a ratio only when it survives both.",
+    )
+    parser.add_argument(
         "--steps", type=int, default=None,
         help="steady-state steps measured per variant, the last ones of its run (default 60, smoke 3); "
         "gpt2_varlen: the shortest epoch.",
@@ -121,10 +126,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def select_variants(
     workload_variants: tuple[str, ...], requested: list[str] | None, workload: str,
-    defaults: tuple[str, ...] | None = None,
+    defaults: tuple[str, ...] | None = None, *, as_listed: bool = False,
 ) -> list[str]:
-    """The requested variants in the workload's order, with ``eager`` and ``eager_end`` added; ``defaults`` (else all of
-    them) when none are requested.
+    """The requested variants in the workload's order (``as_listed``: in the order requested), with ``eager`` first and
+    ``eager_end`` last; ``defaults`` (else all of them) when none are requested.
 
     Raises:
         ValueError: a variant this workload does not have, with the ones it has.
@@ -137,6 +142,9 @@ def select_variants(
         raise ValueError(
             f"--variants: {', '.join(unknown)} not a variant of {workload}; choose from {', '.join(workload_variants)}."
         )
+    if as_listed:
+        middle = [name for name in dict.fromkeys(names) if name not in ("eager", "eager_end")]
+        return ["eager", *middle, *(["eager_end"] if "eager_end" in workload_variants else [])]
     wanted = set(names) | {"eager", "eager_end"}
     return [name for name in workload_variants if name in wanted]
 
@@ -280,7 +288,7 @@ def run(args: argparse.Namespace, command: str) -> int:
             settings = resolve_settings(args, workload_name, device, out)
             variant_names = select_variants(  # --smoke: every variant somewhere (it is the harness's test)
                 WORKLOAD_VARIANTS[workload_name], args.variants, workload_name,
-                (SMOKE_VARIANTS if args.smoke else DEFAULT_VARIANTS)[workload_name],
+                (SMOKE_VARIANTS if args.smoke else DEFAULT_VARIANTS)[workload_name], as_listed=args.as_listed,
             )
             plans.append((workload_name, variant_names, settings))
         memory_cap = apply_memory_cap(args.memory_cap_gb, device) if args.memory_cap_gb is not None else None

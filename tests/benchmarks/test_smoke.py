@@ -217,6 +217,9 @@ def test_unknown_variant_names_the_valid_ones():
 
 def test_selected_variants_keep_the_workload_order_and_add_eager_at_both_ends():
     assert select_variants(VARIANTS["gpt2"], ["callback,whole"], "gpt2") == ["eager", "whole", "callback", "eager_end"]
+    assert select_variants(VARIANTS["gpt2"], ["callback", "whole", "eager"], "gpt2", as_listed=True) == [
+        "eager", "callback", "whole", "eager_end",
+    ]
 
 
 def test_steps_must_be_positive(capsys):
