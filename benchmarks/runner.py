@@ -246,7 +246,8 @@ def _train_and_measure(
 
 def plan_frozen(callback: Any) -> bool | None:
     """Whether the CompileCallback's plan is frozen (its trials over), None where it has no planner yet."""
-    frozen = getattr(getattr(callback, "planner", None), "frozen", None)
+    run = getattr(callback, "run", None)  # the fit's CompileRun
+    frozen = getattr(getattr(run, "planner", None), "frozen", None)
     return None if frozen is None else bool(frozen)
 
 

@@ -96,6 +96,7 @@ def _is_compiled_code(name: str) -> bool:
     return name in torch_internals.COMPILED_CODE_EVENTS or name.startswith(torch_internals.COMPILED_GRAPH_EVENT_PREFIX)
 
 
+# Long on purpose: one pass over the events fills every count, so each event is classified once.
 def count_ops(events: Iterable[Any]) -> StepOps:
     """Counts a sampled step's profiler events (``FunctionEvent``s with ``cpu_parent`` links)."""
     result = StepOps()

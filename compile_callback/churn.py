@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from compile_callback.watch import PYTHON_VALUE, SHAPE, Recompile
 
@@ -46,6 +47,17 @@ def remedies(action: ChurnAction, *, padding_possible: bool) -> tuple[str, ...]:
     return (action.policy,)
 
 
+def not_padded(action: ChurnAction, pad: Any, *, padding_failed: bool = False) -> str:
+    """Why ``on_recompile="pad"`` fell back to ``"dynamic"`` for ``action`` (``pad``: the fit's padding)."""
+    if padding_failed:
+        return "the training dataloaders could not take the padding collate"
+    if action.kind != SHAPE:
+        return "not a dataloader size"
+    if pad is not None:
+        return f"the loaders are padded already (pad={pad!r})"
+    return "no training dataloader"
+
+
 def fix_for(kind: str) -> str:
     if kind == SHAPE:
         return (
@@ -78,6 +90,26 @@ class ChurnPolicy:
         self.shape_budget = 0
         self.handled: set[tuple[str, str]] = set()
         self.actions: list[ChurnAction] = []
+        self.frozen_at_step: int | None = None  # global step at which a searched plan froze
+        self._seen = (0, 0)  # recompiles and fallbacks judged so far
+
+    def judge(
+        self, recompiles: list[Recompile], fallbacks: list[tuple[str, str]], *, searched: bool, frozen: bool, step: int
+    ) -> list[ChurnAction]:
+        """:meth:`check` behind the frozen-plan gate. A searched plan's own trials recompile (a new mode is
+        a new backend), so only the frozen plan's recompiles are judged, from the step it froze at, and
+        nothing is acted on in the middle of a trial. Nothing new since the last call: no actions."""
+        if searched:
+            if not frozen:
+                return []
+            if self.frozen_at_step is None:
+                self.frozen_at_step = step
+        if (len(recompiles), len(fallbacks)) == self._seen:
+            return []
+        self._seen = (len(recompiles), len(fallbacks))
+        if self.frozen_at_step is not None:
+            recompiles = [r for r in recompiles if r.step >= self.frozen_at_step]
+        return self.check(recompiles, fallbacks)
 
     def check(self, recompiles: Iterable[Recompile], fallbacks: Iterable[tuple[str, str]] = ()) -> list[ChurnAction]:
         """New actions for the recompiles and eager fallbacks seen so far (each cause acted on once).

@@ -291,6 +291,7 @@ class AutoPlanner(_CompilesRegions):
         context: the training step's forward context for verification (precision/autocast).
     """
 
+    # Long on purpose: the planner's settings and the per-fit state it starts from, listed once.
     def __init__(
         self,
         root: nn.Module,
@@ -387,6 +388,7 @@ class AutoPlanner(_CompilesRegions):
         mark_failed(self.decisions, region, error)
 
     # -- the script ----------------------------------------------------------------------------------
+    # Long on purpose: the search, step by step, as one generator that reads in the order it runs.
     def _run(self) -> Iterator[str | None]:
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -461,6 +463,7 @@ class AutoPlanner(_CompilesRegions):
         while True:
             yield COMPILED
 
+    # Long on purpose: one trial as a generator (compile, verify, control, candidate, verdict), in order.
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
         options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
         control = label + CONTROL
@@ -594,6 +597,7 @@ class AutoPlanner(_CompilesRegions):
         finally:
             switch(True)
 
+    # Long on purpose: the CUDA-graph trial as a generator, each guard before the step it protects.
     def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
         # Shapes that keep changing re-record CUDA graphs; static padding buckets record once each.
         recompiled = any(self.watch.stats[r.name].recompiles > self.shape_budget

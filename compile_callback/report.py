@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 REPORT_FILE = "compile_report.json"
 
@@ -50,6 +53,7 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+# The two renderings are long on purpose: each is the report's layout, top to bottom.
 def render_table(report: dict[str, Any]) -> str:
     """A plain-text table for the terminal, printed at the end of fit."""
     summary = report["summary"]
@@ -224,3 +228,53 @@ def write_json(report: dict[str, Any], directory: str) -> str:
         json.dump(report, handle, indent=2, sort_keys=False, default=str)
     os.replace(temporary, path)
     return path
+
+
+def ddp_note(graphs: int, pieces: int) -> str | None:
+    """What DDPOptimizer did to the graphs, when it split them: not graph breaks, and why."""
+    if not pieces:
+        return None
+    return (
+        f"DDP: dynamo's DDPOptimizer split the {graphs} captured graph(s) into {pieces} compiled "
+        f"pieces at DDP's gradient buckets, so that each bucket's all-reduce starts while the backward "
+        f"still runs. These splits are not graph breaks (no eager code runs between the pieces); larger "
+        f"buckets (DDPStrategy(bucket_cap_mb=...)) make fewer pieces, and "
+        f"torch._dynamo.config.optimize_ddp=False none, at the cost of that overlap."
+    )
+
+
+def build_suggestions(
+    regions: dict[str, Any],
+    compiled_regions: Sequence[Any],
+    decisions: Sequence[Decision],
+    *,
+    eager_gb: float | None,
+    plan_gb: float | None,
+    host_syncs: Sequence[str] = (),
+) -> list[str]:
+    """The report's suggestions: what the user can change, from the per-region accounting (``regions``:
+    the watch's stats as dicts), the planner's regions and decisions, the memory the eager and the
+    compiled steps held, and the advice on host syncs."""
+    suggestions = list(host_syncs)
+    if eager_gb and plan_gb and plan_gb < 0.8 * eager_gb and any(d.kept for d in decisions):
+        suggestions.append(f"The compiled step holds {plan_gb:.1f} GB against {eager_gb:.1f} GB eager (at the "
+                           f"forward/backward boundary): a larger batch may fit.")
+    for region in compiled_regions:
+        if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
+            suggestions.append(
+                f"`{region.name}` is compiled but dynamo made no graph for it, so it runs eager "
+                f"(torch {torch.__version__} may skip torch.nn's own modules compiled on their own); "
+                f"compile the module that contains it instead."
+            )
+    for name, stats in regions.items():
+        if stats["eager_fallback"]:
+            suggestions.append(
+                f"`{name}` runs eager: {stats['fallback_reason']}. Pad the changing dimension to a few "
+                f"fixed sizes, mark it dynamic (dynamic=True), or stop the Python value from changing."
+            )
+        if stats["graph_breaks"]:
+            suggestions.append(
+                f"`{name}` has {stats['graph_breaks']} graph break(s); each splits the compiled code. "
+                f"Move the cause out of the region or rewrite it in tensor ops (see Graph breaks)."
+            )
+    return suggestions

@@ -159,6 +159,39 @@ def paired_speedup(
     return (priced / took if took > 0 else 0.0), math.hypot(noise(before), noise(after))
 
 
+# compile/speedup is priced shape by shape when at least this share of the latest steps have a shape
+# the eager baseline saw; else it compares medians.
+STEADY_PRICED_SHARE = 0.5
+
+
+def steady_speedup(
+    priced: tuple[float, float] | None,
+    *,
+    kept: bool,
+    eager_by_shape: dict[Hashable, list[float]] | None,
+    latest: dict[Hashable, list[float]] | None,
+    eager_ms: float | None,
+    compiled_ms: float | None,
+) -> tuple[float | None, str]:
+    """``compile/speedup`` and how it was priced: ``"trials"`` / ``"nothing compiled"``, ``"shape by shape"``
+    or ``"medians"``.
+
+    A searched plan is priced by its trials (``priced``: each kept step measured beside the plan before
+    it), not by the eager baseline, which runs while clocks, allocator and host still settle (on the
+    H200 it read 11-16% slow on third-party models). Otherwise eager median over compiled median; with
+    variable shapes (``eager_by_shape`` and the ``latest`` steps by shape given) each latest step is
+    priced by the eager median of its own shape (:func:`paired_speedup`), so a plan that changes nothing
+    reads 1.0 -- if most of them have a shape the baseline saw (raw lengths rarely recur).
+    """
+    if priced is not None:
+        return priced[0], "trials" if kept else "nothing compiled"
+    if eager_by_shape is not None and latest is not None:
+        paired = paired_speedup(eager_by_shape, latest, min_share=STEADY_PRICED_SHARE)
+        if paired is not None:
+            return paired[0], "shape by shape"
+    return ((eager_ms / compiled_ms) if eager_ms and compiled_ms else None), "medians"
+
+
 def median_noise(samples: list[float]) -> float:
     """Relative standard error of a median: 1.2533 * sigma / sqrt(n), sigma from the MAD (robust)."""
     stats = summarize(samples)

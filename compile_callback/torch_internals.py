@@ -250,6 +250,7 @@ def uncompile_module(module: nn.Module) -> None:
 
 
 def is_module_compiled(module: nn.Module) -> bool:
+    """Whether ``module.compile()`` is in effect (the tests check plans with it; the attribute is private)."""
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
@@ -398,7 +399,7 @@ def eager_while_rerouted(module: nn.Module) -> None:
 
 
 def function_mode_depth() -> int:
-    """How many ``TorchFunctionMode``s are active on this thread."""
+    """How many ``TorchFunctionMode``s are active on this thread (the tests check that a fit leaves none)."""
     from torch.overrides import _get_current_function_mode_stack
 
     return len(_get_current_function_mode_stack())

@@ -219,6 +219,7 @@ def cuda_devices(module: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
 
 
+# Long on purpose: the order of the runs (eager, then compiled) and of what each frees is the memory footprint.
 def verify_module(
     module: nn.Module,
     args: tuple[Any, ...],

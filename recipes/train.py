@@ -24,19 +24,28 @@ from compile_callback.timing import StepTimer, summarize
 from recipes.config import ConfigError, CVRecipeConfig, GPTRecipeConfig, RecipeConfig, load_config, to_dict
 from recipes.cv import CVDataModule, CVModule
 from recipes.gpt import GPTDataModule, GPTModule
-from recipes.throughput import peak_flops, rates, step_flops
+from recipes.throughput import at_median, peak_flops, rates, step_flops
 
 REPORT_FILE = "compile_report.json"
 STEADY_STEPS = 100  # the run's last steps, whose median step time the summary prints
+SUMMED_NOTE = 0.02  # the summary gives the summed rate too where it is this much below the median step's
 
 
 class StepTimes(L.Callback):
     """Times every training batch (CUDA events, no host sync per step) so that any run, with the
     CompileCallback or without it (``callback_enabled=false``), ends with the median time of its last
-    :data:`STEADY_STEPS` steps: eager and compiled runs of a recipe compare directly. From the same
-    steps it logs ``train/samples_per_sec``, ``train/tokens_per_sec`` (sequence batches; padding
-    included) and ``train/mfu`` every ``log_every_n_steps`` (:mod:`recipes.throughput`: fabric's
-    ``Throughput`` and ``measure_flops``; the MFU where a peak is known for the device).
+    :data:`STEADY_STEPS` steps: eager and compiled runs of a recipe compare directly. Of the same steps
+    it logs ``train/samples_per_sec``, ``train/tokens_per_sec`` (sequence batches; padding included)
+    and ``train/mfu`` every ``log_every_n_steps`` (:mod:`recipes.throughput`: fabric's ``Throughput``
+    and ``measure_flops``; the MFU where a peak is known for the device), each step priced at the median
+    time of its shape's steps, so that the rates are the median step's (one shape: tokens per median
+    step). :meth:`throughput` with ``summed=True`` gives the same steps' rates over their summed time.
+
+    A step is timed from this callback's ``on_train_batch_start`` to its ``on_train_batch_end``:
+    validation, the wait for the next batch and what the CompileCallback does before a step (it
+    compiles and checks a plan there) fall outside. The callback's profiled steps, its trials and a
+    plan's first steps (CUDA graphs record) fall inside, but leave the window as the run goes on, and
+    the median does not move for a few of them as a mean over the window would.
 
     Args:
         counts: ``(samples, items)`` of a batch from its shapes (items None for images).
@@ -84,13 +93,18 @@ class StepTimes(L.Callback):
         """``median_ms``, ``p90_ms`` and ``n`` of the last steps (empty before any step)."""
         return summarize(self.timer.samples_ms("step", wait=True)) if self.timer is not None else {}
 
-    def throughput(self, *, wait: bool = False) -> dict[str, float]:
+    def throughput(self, *, wait: bool = False, summed: bool = False) -> dict[str, float]:
         """``samples_per_sec``, ``tokens_per_sec`` (sequences), ``mfu`` (a known peak) of the last steps
-        whose times are in (all of them with ``wait``; else those already done: no host sync)."""
+        whose times are in (all of them with ``wait``; else those already done: no host sync), each step
+        priced at the median time of its shape's steps (:func:`recipes.throughput.at_median`). With
+        ``summed``, over the steps' own summed times instead (the window's mean step: a stalled step
+        drags it), with ``slow_steps`` (those over twice their shape's median) and ``slowest_ms``."""
         if self.timer is None or self.counts is None:
             return {}
+        timed = self.timer.samples_by_key("step", wait=wait)
+        priced = timed if summed else at_median(timed)
         times, samples, items = [], [], []
-        for (batch_samples, batch_items), steps in self.timer.samples_by_key("step", wait=wait).items():
+        for (batch_samples, batch_items), steps in priced.items():
             times += steps
             samples += [batch_samples] * len(steps)
             items += [batch_items or 0] * len(steps)
@@ -103,6 +117,10 @@ class StepTimes(L.Callback):
             result["tokens_per_sec"] = found["items_per_sec"]
         if "mfu" in found:
             result["mfu"] = found["mfu"]
+        if summed and result:
+            medians = at_median(timed)
+            result["slow_steps"] = float(sum(ms > 2 * medians[key][0] for key, steps in timed.items() for ms in steps))
+            result["slowest_ms"] = max(max(steps) for steps in timed.values())
         return result
 
 
@@ -200,7 +218,9 @@ def train(config: RecipeConfig) -> dict[str, Any]:
         logged values, e.g. ``train/loss``, ``val/loss``), ``global_step``, ``seconds``,
         ``steady_step_ms`` (the median of the last ``steady_steps`` steps' times, at most 100), and of
         the same steps ``throughput`` (``samples_per_sec``, ``tokens_per_sec`` for sequences, ``mfu``
-        where a peak is known) with ``peak_flops``, the peak assumed (or why none).
+        where a peak is known) at the median step (each step priced at its shape's median),
+        ``throughput_summed`` (the same over the steps' summed times, the window's mean step, with
+        ``slow_steps`` and ``slowest_ms``) and ``peak_flops``, the peak assumed (or why none).
 
     Raises:
         ConfigError: a value that only shows as wrong once things are built (e.g. a callback option).
@@ -225,8 +245,10 @@ def train(config: RecipeConfig) -> dict[str, Any]:
     result = {
         "steady_step_ms": times.get("median_ms"),
         "steady_steps": int(times.get("n", 0)),
-        # Of the same steps: samples/s, tokens/s (sequences) and MFU (where a peak is known), and what peak.
+        # Of the same steps: samples/s, tokens/s (sequences) and MFU (where a peak is known) at the
+        # median step, the same over their summed times, and what peak.
         "throughput": timer.throughput(wait=True),
+        "throughput_summed": timer.throughput(wait=True, summed=True),
         "peak_flops": timer.peak_note,
         "run_dir": config.run_dir,
         "log_dir": log_dir,
@@ -255,13 +277,25 @@ def summary(config: RecipeConfig, result: dict[str, Any]) -> str:
         headline += f" (median step of the last {result['steady_steps']}: {result['steady_step_ms']:.2f} ms)"
     rates = result.get("throughput") or {}
     speed = ""
+    steps = f"the median step of the last {result.get('steady_steps', 0)}"
     if "tokens_per_sec" in rates:
-        speed = f"  throughput:       {rates['tokens_per_sec']:,.0f} tokens/s ({rates['samples_per_sec']:,.1f} sequences/s)"
+        speed = (f"  throughput:       {rates['tokens_per_sec']:,.0f} tokens/s ({rates['samples_per_sec']:,.1f} sequences/s)"
+                 f" at {steps}")
     elif "samples_per_sec" in rates:
-        speed = f"  throughput:       {rates['samples_per_sec']:,.1f} images/s"
+        speed = f"  throughput:       {rates['samples_per_sec']:,.1f} images/s at {steps}"
     if speed:
         speed += (f", MFU {rates['mfu']:.1%} ({result['peak_flops']})" if "mfu" in rates
                   else f", MFU – ({result['peak_flops']})")
+    summed = result.get("throughput_summed") or {}
+    name = "tokens_per_sec" if "tokens_per_sec" in rates else "samples_per_sec"
+    if speed and name in summed and summed[name] < (1 - SUMMED_NOTE) * rates[name]:
+        # The mean step of the same window: a step that stalled (a host pause inside it) drags it.
+        unit = "tokens/s" if name == "tokens_per_sec" else "images/s"
+        slow = int(summed["slow_steps"])
+        speed += (f"\n  summed times:     {summed[name]:,.{0 if name == 'tokens_per_sec' else 1}f} {unit}"
+                  + (f", MFU {summed['mfu']:.1%}" if "mfu" in summed else "")
+                  + f" over the same steps' total time ({slow} step{'s' if slow != 1 else ''} over twice the"
+                  f" median, the slowest {summed['slowest_ms']:,.1f} ms)")
     lines = [
         "\n" + headline + (f"; {losses}" if losses else ""),
         *([speed] if speed else []),

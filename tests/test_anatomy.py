@@ -125,11 +125,11 @@ def test_sampling_is_rare_and_untimed(tmp_path):
         StepSampler.start = original
     assert starts == [True, True]
     batches = 3 * 12
-    timed = len(callback.timer.samples_ms("eager")) + len(callback.timer.samples_ms("compiled"))
+    timed = len(callback.run.timer.samples_ms("eager")) + len(callback.run.timer.samples_ms("compiled"))
     # Not timed: the warm-up batch, the eager sample (the first of two baseline batches), the batch that
     # compiles (the warm-up after compiling) and the compiled sample.
     assert timed == batches - 4
-    assert len(callback.timer.samples_ms("eager")) == FAST["eager_baseline_steps"] - 1
+    assert len(callback.run.timer.samples_ms("eager")) == FAST["eager_baseline_steps"] - 1
 
 
 def test_anatomy_off_reports_none_of_it(tmp_path):

@@ -229,7 +229,7 @@ def test_corrupt_plan_cache_is_ignored_with_a_warning_and_rebuilt(tmp_path):
     second = auto(backend="eager", cache_dir=str(tmp_path / "cache"), max_trials=1)
     with pytest.warns(UserWarning, match=r"ignores its cached plan and plans again: .* is not readable JSON"):
         make_trainer(tmp_path / "b", [second], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
-    assert second.planner.profiler is not None  # it profiled and tried again
+    assert second.run.planner.profiler is not None  # it profiled and tried again
     assert '"planner"' in plan_file.read_text()  # and wrote a good plan back
 
 
@@ -273,10 +273,10 @@ def test_trials_compare_steps_of_like_shapes(tmp_path):
     callback = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1)
     data = torch.utils.data.DataLoader(MixShiftingBatches(80), batch_size=None)
     make_trainer(tmp_path, [callback], max_steps=80).fit(LengthCostModel(), data)
-    decision = callback.planner.decisions[0]
+    decision = callback.run.planner.decisions[0]
     assert not decision.kept and decision.speedup < 1.0, decision
-    assert any("batches come in 2 shapes" in note for note in callback.planner.notes)
-    timer = callback.timer
+    assert any("batches come in 2 shapes" in note for note in callback.run.planner.notes)
+    timer = callback.run.timer
     naive = statistics.median(timer.samples_ms("eager")) / statistics.median(timer.samples_ms("trial:0"))
     assert naive > 1.5  # what the windows' mixes alone would have made of it: a slower region "faster"
 
@@ -295,10 +295,10 @@ def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
     callback = auto(backend="eager", eager_baseline_steps=6, trial_steps=6, max_trials=1)
     data = torch.utils.data.DataLoader(EverChangingBatches(), batch_size=None)
     make_trainer(tmp_path, [callback], max_steps=40).fit(LengthCostModel(), data)
-    assert any("too many to compare trials shape by shape" in note for note in callback.planner.notes)
-    decision = callback.planner.decisions[0]
+    assert any("too many to compare trials shape by shape" in note for note in callback.run.planner.notes)
+    decision = callback.run.planner.decisions[0]
     assert decision.speedup is not None and decision.step_ms is not None  # every step timed, none skipped
-    assert callback.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled
+    assert callback.run.timer.count("trial:0") >= 6 - 2  # all but the steps that compiled
     # Nothing was kept: the steps run the eager code, and the speedup says so.
     assert callback.last_report["summary"]["speedup_priced"] == "nothing compiled"
     assert callback.last_report["summary"]["speedup"] == 1.0
@@ -311,7 +311,7 @@ def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
     callback = CompileCallback(["blocks"], backend="eager", eager_baseline_steps=6, warmup_steps=1, log_every_n_steps=100)
     data = torch.utils.data.DataLoader(MixShiftingBatches(60), batch_size=None)
     make_trainer(tmp_path, [callback], max_steps=60).fit(LengthCostModel(), data)
-    metrics = callback.metrics()
+    metrics = callback.run.metrics()
     naive = metrics["compile/eager_step_time_ms"] / metrics["compile/step_time_ms"]
     assert naive > 2, naive  # what the two windows' mixes alone make of it (~5x idle, ~3x on a loaded 2-core machine)
     # Wide enough that a loaded 2-core machine cannot cross it, narrow enough to tell it from naive.
@@ -323,21 +323,19 @@ def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
 def test_steady_steps_of_one_shape_skip_walking_the_batch(tmp_path):
     callback = auto(backend="test_slower", max_trials=1)
     fit(tmp_path, callback)
-    assert callback._keys_wanted() is False
+    assert callback.run._keys_wanted() is False
     assert callback.last_report["summary"]["speedup_priced"] == "nothing compiled"
 
 
 def test_steady_speedup_is_priced_by_shape_only_where_most_steps_have_a_baseline_shape():
-    from compile_callback.planner import COMPILED, EAGER
-    from compile_callback.timing import StepTimer
+    from compile_callback.timing import steady_speedup
 
     def speedup(latest):
-        callback = CompileCallback()
-        callback.timer = StepTimer(torch.device("cpu"))
-        callback._steady_keys = True
-        callback.timer._samples[EAGER].extend([(10.0, "a"), (10.0, "a"), (20.0, "b"), (20.0, "b")])
-        callback.timer._samples[COMPILED].extend(latest)
-        return callback._steady_speedup(15.0, 5.0)
+        by_shape: dict[str, list[float]] = {}
+        for ms, key in latest:
+            by_shape.setdefault(key, []).append(ms)
+        eager = {"a": [10.0, 10.0], "b": [20.0, 20.0]}
+        return steady_speedup(None, kept=True, eager_by_shape=eager, latest=by_shape, eager_ms=15.0, compiled_ms=5.0)
 
     # One step of 100 has a shape the baseline saw: pricing would rest on it alone.
     assert speedup([(5.0, "a")] + [(1.0, f"new{i}") for i in range(99)]) == (3.0, "medians")
@@ -352,18 +350,18 @@ def test_saved_plan_holds_what_runs_compiled_after_the_churn_policy_acted(tmp_pa
 
     callback = auto(backend="test_sleepy", min_speedup=1.0, max_trials=2)
     make_trainer(tmp_path, [callback], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
-    callback.planner.regions.clear()  # the trials reverted everything (slower): apply a plan by hand
-    model_regions = resolve_regions(callback.planner.root, ["blocks.*", "head"])
+    callback.run.planner.regions.clear()  # the trials reverted everything (slower): apply a plan by hand
+    model_regions = resolve_regions(callback.run.planner.root, ["blocks.*", "head"])
     for item in model_regions:
         compile_region(item, CompileOptions(backend="eager"))
-        callback.planner.regions.append(item)
-    regions = [r for r in callback.planner.regions if r.is_compiled]
+        callback.run.planner.regions.append(item)
+    regions = [r for r in callback.run.planner.regions if r.is_compiled]
     assert regions, callback.last_report["decisions"]
     region = regions[0]
-    callback.planner.recompile(region, dataclasses.replace(region.compiled_with, dynamic=True))  # on_recompile="dynamic"
-    assert [(item["name"], item["dynamic"]) for item in callback.planner.state_dict()["plan"]][0] == (region.name, True)
+    callback.run.planner.recompile(region, dataclasses.replace(region.compiled_with, dynamic=True))  # on_recompile="dynamic"
+    assert [(item["name"], item["dynamic"]) for item in callback.run.planner.state_dict()["plan"]][0] == (region.name, True)
     revert_region(region)  # on_recompile="eager": a resumed run must not compile it again
-    assert region.name not in [item["name"] for item in callback.planner.state_dict()["plan"]]
+    assert region.name not in [item["name"] for item in callback.run.planner.state_dict()["plan"]]
 
 
 def test_resumed_run_prices_its_steps_by_the_checkpoints_eager_medians(tmp_path):
@@ -376,8 +374,8 @@ def test_resumed_run_prices_its_steps_by_the_checkpoints_eager_medians(tmp_path)
     second = auto(backend="test_slower", eager_baseline_steps=6, trial_steps=6, max_trials=1, log_every_n_steps=100)
     trainer = make_trainer(tmp_path, [second], max_epochs=2)
     trainer.fit(LengthCostModel(), data, ckpt_path=trainer_checkpoint(tmp_path))
-    assert second.timer.count("eager") == 0  # no new baseline: the plan came from the checkpoint
-    metrics = second.metrics()
+    assert second.run.timer.count("eager") == 0  # no new baseline: the plan came from the checkpoint
+    metrics = second.run.metrics()
     # The plan is priced by the first run's trials: here nothing was kept, so the eager code runs.
     assert second.last_report["summary"]["speedup_priced"] == "nothing compiled"
     assert metrics["compile/speedup"] == 1.0, metrics
@@ -404,19 +402,19 @@ def test_warm_restart_prices_its_steps_by_the_cached_eager_medians(tmp_path):
     assert sorted(shapes[0][1] for shapes, _ in saved) == [8, 128]  # one median per batch shape
     warm = run(tmp_path / "warm")
     assert any(note.startswith("plan loaded from") for note in warm.last_report["plan"]["notes"])
-    assert warm.timer.count("eager") == 0  # no baseline of its own
+    assert warm.run.timer.count("eager") == 0  # no baseline of its own
     assert warm.last_report["summary"]["speedup_priced"] == "nothing compiled"
-    assert warm.metrics()["compile/speedup"] == 1.0, warm.metrics()
+    assert warm.run.metrics()["compile/speedup"] == 1.0, warm.run.metrics()
     # A file written before the medians were kept still loads; its steps are priced by medians.
     plan = json.loads(plan_file.read_text())
     plan_file.write_text(json.dumps({key: value for key, value in plan.items() if key != "eager_by_shape"}))
     older = run(tmp_path / "older")
-    assert older.timer.count("eager") == 0 and older.last_report["summary"]["speedup_priced"] == "nothing compiled"
+    assert older.run.timer.count("eager") == 0 and older.last_report["summary"]["speedup_priced"] == "nothing compiled"
     # A file whose medians are not [[shape, ...], ms] pairs is ignored, like any bad plan file.
     plan_file.write_text(json.dumps({**plan, "eager_by_shape": [["not shapes", "fast"]]}))
     with pytest.warns(UserWarning, match=r"ignores its cached plan and plans again: .* eager_by_shape rows"):
         replanned = run(tmp_path / "bad")
-    assert replanned.timer.count("eager") > 0
+    assert replanned.run.timer.count("eager") > 0
 
 
 class Wrapped(L.LightningModule):

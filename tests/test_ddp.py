@@ -46,7 +46,7 @@ class RecordPlan(Callback):
         compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
         record = {
             # region, kept, and the kind of reason ("numerics differ from eager", "not faster", ...)
-            "decisions": [(d.region, d.kept, reason_kind(d.reason)) for d in compile_callback.planner.decisions],
+            "decisions": [(d.region, d.kept, reason_kind(d.reason)) for d in compile_callback.run.planner.decisions],
             "compiled": sorted(n for n, m in pl_module.named_modules() if torch_internals.is_module_compiled(m)),
             "head_weight_sum": float(pl_module.head.linear.weight.sum()),
         }

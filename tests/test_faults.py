@@ -148,7 +148,7 @@ def test_an_exception_in_user_code_gives_back_process_wide_settings(tmp_path, mo
         trainer.fit(Failing(), loader(batch_size=8))
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
     assert functorch_config.force_non_lazy_backward_lowering == before
-    assert callback.watch._handles is None  # dynamo's compile hooks removed
+    assert callback.run.watch._handles is None  # dynamo's compile hooks removed
 
 
 def _backward_raises_when_run(gm, example_inputs):

@@ -135,7 +135,7 @@ class ValidationLoaderSpy:
         self.callback, self.loader, self.seen = callback, loader_, []
 
     def __iter__(self):
-        self.seen.append(self.callback._anatomy_ops.probe.active)
+        self.seen.append(self.callback.run.anatomy_ops.probe.active)
         return iter(self.loader)
 
     def __len__(self):

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-PLAIN = ["anatomy", "churn", "collate", "loaders", "memory", "padding", "plan_cache", "planner", "profile",
-         "regions", "report", "telemetry", "timing", "torch_internals", "verify", "watch"]
+PLAIN = ["anatomy", "churn", "collate", "config", "loaders", "memory", "padding", "plan_cache", "planner", "profile",
+         "regions", "report", "run", "telemetry", "timing", "torch_internals", "verify", "watch"]
 
 
 def test_the_plain_modules_import_with_lightning_blocked():

@@ -138,7 +138,7 @@ def test_verify_false_trusts_the_compiled_region_unchecked(tmp_path):
     assert decision["kept"] and "faster" in decision["reason"], decision
     assert decision["max_rel_error"] is None
     assert torch_internals.is_module_compiled(model)
-    assert "compile/max_rel_error" not in callback.metrics()
+    assert "compile/max_rel_error" not in callback.run.metrics()
 
 
 # -- trials --------------------------------------------------------------------------------------------

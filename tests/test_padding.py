@@ -103,7 +103,7 @@ def test_padding_from_the_first_batch_compiles_one_static_graph_per_bucket(tmp_p
     report = callback.last_report
     edges = report["padding"]["edges"]
     assert len(edges) == 3
-    assert all(region.compiled_with.dynamic is False for region in callback.planner.regions)
+    assert all(region.compiled_with.dynamic is False for region in callback.run.planner.regions)
     train_recompiles = [r for r in report["recompiles"] if r["stage"] == "train"]
     assert len(train_recompiles) == len(edges) - 1 and all(r["kind"] == "shape" for r in train_recompiles)
     # The lengths come in ascending order: one static graph after another, never a dynamic one.
@@ -150,14 +150,14 @@ def test_the_recompile_limit_comes_back_when_fit_fails(tmp_path):
 def test_a_chosen_dynamic_is_kept_and_fit_loaders_stay_dynamic(tmp_path):
     chosen = padded(dynamic=True)
     make_trainer(tmp_path / "a", [chosen], max_epochs=1, limit_val_batches=0).fit(ModelWithLoaders())
-    assert all(region.compiled_with.dynamic is True for region in chosen.planner.regions)
+    assert all(region.compiled_with.dynamic is True for region in chosen.run.planner.regions)
     # Loaders given to fit() are padded from the second epoch: the first epoch's shapes vary, so the
     # regions are left to dynamo (static graphs would recompile for each raw length).
     late = padded(dynamic=None)
     trainer = make_trainer(tmp_path / "b", [late], max_epochs=1, limit_val_batches=0)
     with pytest.warns(UserWarning, match="from the second epoch on"):
         trainer.fit(TokenModel(), train_dataloaders=make_loader())
-    assert all(region.compiled_with.dynamic is None for region in late.planner.regions)
+    assert all(region.compiled_with.dynamic is None for region in late.run.planner.regions)
 
 
 def test_edges_come_from_the_training_set_with_a_sanity_check(tmp_path):
@@ -201,7 +201,7 @@ def test_no_static_graphs_when_a_training_loader_cannot_be_padded(tmp_path):
     with pytest.warns(UserWarning, match="padding not applied to a DataLoader with batch_size=None"):
         trainer.fit(BatchSamplerLoaders())
     # Raw lengths under dynamic=False would compile a graph each: left to dynamo instead.
-    assert all(region.compiled_with.dynamic is None for region in callback.planner.regions)
+    assert all(region.compiled_with.dynamic is None for region in callback.run.planner.regions)
     assert not any("compiled static" in note for note in callback.last_report["plan"]["notes"])
 
 

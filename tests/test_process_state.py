@@ -125,7 +125,7 @@ def test_a_fit_that_keeps_a_region_leaves_the_process_as_it_found_it(tmp_path):
     callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1)
     before = snapshot()
     fit_with(tmp_path, callback, model, train_dataloaders=loader(batch_size=8))
-    assert [d.kept for d in callback.planner.decisions] == [True]  # the fit did compile and keep
+    assert [d.kept for d in callback.run.planner.decisions] == [True]  # the fit did compile and keep
     assert_same(before, snapshot())
     assert_plain(model.children())  # the whole model was kept: its children were never compiled alone
 
@@ -135,7 +135,7 @@ def test_a_fit_that_reverts_a_region_leaves_the_process_and_the_module_as_they_w
     callback = CompileCallback(backend="test_state_slower", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=2)
     before = snapshot()
     fit_with(tmp_path, callback, model, train_dataloaders=loader(batch_size=8))
-    decisions = callback.planner.decisions
+    decisions = callback.run.planner.decisions
     assert decisions and not any(d.kept for d in decisions), decisions  # tried, and reverted
     assert_same(before, snapshot())
     assert_plain([model])

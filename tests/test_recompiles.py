@@ -89,7 +89,7 @@ def test_dynamic_policy_recompiles_once_with_dynamic_shapes(tmp_path):
     recompiles = callback.last_report["recompiles"]
     # After the switch a single dynamic graph serves every remaining length: no recompile in epoch 2.
     assert all(r["epoch"] == 0 for r in recompiles)
-    assert callback.planner.regions[0].compiled_with.dynamic is True
+    assert callback.run.planner.regions[0].compiled_with.dynamic is True
 
 
 def test_pad_policy_turns_on_padding_for_the_next_epoch(tmp_path):
@@ -119,7 +119,7 @@ def test_pad_policy_falls_back_to_dynamic_where_the_loader_cannot_be_padded(tmp_
     report = callback.last_report
     assert [a["action"] for a in report["churn_actions"]] == ["recompiled once with dynamic=True against recompile churn"]
     assert any("fell back to 'dynamic'" in n and "could not take the padding collate" in n for n in report["plan"]["notes"])
-    assert callback.planner.regions[0].compiled_with.dynamic is True
+    assert callback.run.planner.regions[0].compiled_with.dynamic is True
     assert {shape[1] for shape in model.shapes_seen} == {4, 8, 12, 16, 20, 24}  # nothing was padded
 
 

@@ -41,8 +41,8 @@ def test_resume_compiles_the_saved_plan_without_new_trials(tmp_path):
     trainer.fit(model, loader(batch_size=8), ckpt_path=path)
     assert model.batches_seen == 12  # the third epoch only
     assert second.last_report["decisions"] == decisions  # no new profiling, no new trials
-    assert second.planner.profiler is None and second.timer.count("eager") == 0
-    assert [r.name for r in second.planner.regions] == ["model"]
+    assert second.run.planner.profiler is None and second.run.timer.count("eager") == 0
+    assert [r.name for r in second.run.planner.regions] == ["model"]
     assert torch_internals.is_module_compiled(model)
     # The plan really ran compiled: dynamo made a graph in this fit, and no forward ran as Python.
     assert torch_internals.unique_graphs() == graphs + 1
@@ -59,7 +59,7 @@ def test_one_callback_through_two_fits_decides_alike_in_each(tmp_path):
         torch._dynamo.reset()
         make_trainer(tmp_path, [callback], max_epochs=2).fit(FasterCompiled(), loader(batch_size=8))
         reports.append(callback.last_report)
-        eager_steps.append(callback.timer.count("eager"))
+        eager_steps.append(callback.run.timer.count("eager"))
     first, second = reports
     assert [d["step"] for d in second["decisions"]] == [d["step"] for d in first["decisions"]], reports
     assert [(d["region"], d["kept"]) for d in second["decisions"]] == [("model", True)]

@@ -135,12 +135,12 @@ class DynamoRecords:
 
 
 def assert_counts_are_dynamos(callback: CompileCallback, report: dict, dynamo: DynamoRecords) -> None:
-    summary, metrics = report["summary"], callback.metrics()
+    summary, metrics = report["summary"], callback.run.metrics()
     assert summary["graphs"] == metrics["compile/graphs"] == dynamo.graphs > 0
     assert summary["graph_breaks"] == metrics["compile/graph_breaks"] == dynamo.breaks
     assert summary["recompiles"] == metrics["compile/recompiles"] == dynamo.guard_failures
     # counters["graph_break"] holds the breaks at a call; the report names every other break as such.
-    assert callback.watch.totals()["graph_breaks_in_dynamo_counter"] == dynamo.counted_breaks
+    assert callback.run.watch.totals()["graph_breaks_in_dynamo_counter"] == dynamo.counted_breaks
     by_kind = sum((region["graph_break_kinds"].get(AT_CALL, 0) for region in report["regions"].values()))
     assert by_kind == dynamo.counted_breaks
     uncounted = sum(item["count"] for item in report["graph_break_reasons"]

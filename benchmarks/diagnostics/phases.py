@@ -78,7 +78,7 @@ class PeakStepEnd(StepEnd):
             torch_profile["profiler"].__exit__(None, None, None)
         label = None
         for callback in trainer.callbacks:
-            planner = getattr(callback, "planner", None)
+            planner = getattr(getattr(callback, "run", None), "planner", None)
             if planner is not None:
                 label = getattr(planner, "_label", None)
         if device.type == "cuda":
