@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from compile_callback import CompileCallback
-from compile_callback import callback as callback_module
+from compile_callback import run as run_module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ def trial_budget(callback: CompileCallback) -> int:
     runs on past the total, up to the budget once more (``--total-steps`` + budget + the steady window),
     until its steady window holds its frozen plan only.
     """
-    profile_steps = getattr(callback_module, "PROFILE_STEPS", 3)
+    profile_steps = run_module.PROFILE_STEPS
     trial = callback.warmup_steps + callback.trial_steps
     return (
         callback.warmup_steps

@@ -272,8 +272,13 @@ class CompileCallback(Callback):
         return not (trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.run is not None:
-            self.run.validation_start(epoch=trainer.current_epoch, step=trainer.global_step)
+        if self.run is not None:  # this validation's batches, and training batches between validations
+            batches = sum(trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches)
+            every = trainer.val_check_batch if isinstance(trainer.val_check_batch, int) else None
+            self.run.validation_start(
+                epoch=trainer.current_epoch, step=trainer.global_step, sanity_check=trainer.sanity_checking,
+                batches=int(batches) if math.isfinite(batches) else None,
+                every=every * (trainer.check_val_every_n_epoch or 1) if every else None)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.run is not None:

@@ -42,8 +42,6 @@ IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 ROLES = ("tokens", "labels", "mask", "image")
 IMAGE_MODES = ("pad", "resize")
 SHORT_BATCH_MODES = ("pad", "drop", "keep")
-BUCKET_STRATEGIES = ("auto", "max")
-BUCKET_TARGETS = ("sequence", "image")
 
 # Roles of the conventional (Hugging Face / torchvision style) keys of dict samples, used when
 # ``fields`` is not given. Keys a sample does not have are ignored; keys not listed pass through.
@@ -936,66 +934,3 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__name__}"
-
-
-def make_pad_collate(
-    buckets: str | Sequence[int],
-    *,
-    census: ShapeCensus | Sequence[int] | None = None,
-    max_buckets: int = 4,
-    multiple: int = 8,
-    max_size: int | None = None,
-    target: str = "sequence",
-    inner: Callable[[list[Any]], Any] | None = None,
-    **options: Any,
-) -> PadCollate:
-    """Builds a :class:`PadCollate` from a bucket strategy given as a plain value (e.g. from YAML).
-
-    Args:
-        buckets: ``"auto"`` (at most ``max_buckets`` edges chosen from ``census`` by
-            :func:`choose_buckets`), ``"max"`` (one edge: the census's largest size, or ``max_size``,
-            aligned up to ``multiple``), or an explicit list of edges (used as given).
-        census: observed sizes (a :class:`ShapeCensus` or a list with repeats); needed by ``"auto"``.
-        max_buckets: the budget of edges for ``"auto"``.
-        multiple: alignment of chosen edges (and of unbucketed sizes in the collate).
-        max_size: the largest size allowed; chosen edges never exceed it.
-        target: which sizes the edges are for: ``"sequence"`` lengths or ``"image"`` sides.
-        inner: the inner collate (``default_collate`` if None).
-        **options: the other keyword options of :class:`PadCollate`.
-
-    Raises:
-        ValueError: for an unknown strategy or target, ``"auto"`` without a census, ``"max"`` with
-            neither census nor ``max_size``, and as :func:`choose_buckets` and :class:`PadCollate`.
-
-    Example:
-        >>> collate = make_pad_collate("auto", census=ShapeCensus(lengths), max_buckets=3,
-        ...                            batch_size=16, short_batch="pad")
-    """
-    if target not in BUCKET_TARGETS:
-        raise ValueError(f"`target` must be one of {BUCKET_TARGETS}; got {target!r}.")
-    if isinstance(buckets, str):
-        if buckets not in BUCKET_STRATEGIES:
-            raise ValueError(
-                f"`buckets` must be one of {BUCKET_STRATEGIES} or a list of edges; got {buckets!r}."
-            )
-        if buckets == "auto":
-            if census is None:
-                raise ValueError(
-                    "buckets='auto' chooses edges from observed sizes, so it needs `census` (a ShapeCensus "
-                    "or a list of sizes). Census some samples, or use buckets='max' or a list of edges."
-                )
-            edges = choose_buckets(census, max_buckets=max_buckets, multiple=multiple, max_size=max_size)
-        elif census is not None:
-            edges = choose_buckets(census, max_buckets=1, multiple=multiple, max_size=max_size)
-        elif max_size is not None:
-            _check_positive_int("max_size", max_size)
-            edges = [max_size]  # aligned up, then lowered to max_size: max_size itself
-        else:
-            raise ValueError(
-                "buckets='max' pads to the largest size, so it needs `census` (observed sizes) or "
-                "`max_size`. Give one of them, or a list of edges."
-            )
-    else:
-        edges = list(_check_edges("buckets", buckets))
-    key = "sequence_buckets" if target == "sequence" else "image_buckets"
-    return PadCollate(inner, multiple=multiple, **{key: edges}, **options)

@@ -29,7 +29,7 @@ from compile_callback.memory import room_bytes
 from compile_callback.padding import PaddingNotApplied, PaddingPlan, apply_to_loaders, census_from_dataset, first_loader
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
-from compile_callback.regions import MODEL, backend_name, resolve_regions, revert_region, uses_cuda_graphs
+from compile_callback.regions import backend_name, resolve_regions, revert_region, uses_cuda_graphs
 from compile_callback.report import build_suggestions, ddp_note
 from compile_callback import telemetry
 from compile_callback.timing import StepTimer, steady_speedup, summarize
@@ -41,6 +41,13 @@ SAVED_EAGER = "eager (checkpoint)"  # timer label: eager medians by shape from a
 RANK_COUNTS = ("graphs", "recompiles", "graph_breaks", "eager_fallbacks", "ddp_pieces")
 PROFILE_STEPS = 3  # eager batches with forward hooks on the candidates (not timed as baseline)
 GB = 2.0**30
+# Validation runs under no_grad, which compiled regions meet with one more graph each: it is compiled
+# only where the run's validation batches left would repay it (:meth:`CompileRun.validation_start`),
+# priced from the training plan: a validation batch's forward is about this share of a training step
+# (forward + backward + optimizer step), and the no_grad graph's compile about this share of the
+# training graph's (GPT-2 on the H200: 10 s against 21 s).
+FORWARD_SHARE = 1 / 3
+INFERENCE_COMPILE_SHARE = 0.5
 
 
 def batch_shapes(batch: Any) -> tuple[tuple[int, ...], ...]:
@@ -119,6 +126,8 @@ class CompileRun:
         self._previous_backward_lowering: bool | None = None
         self._plan_file: str | None = None
         self._previous_inductor_cache: tuple[str | None] | None = None  # while ours is set
+        self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
+        self._validation_compiled = False  # a validation ran with compiling allowed: its graph exists
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
         self._padding_seen = PaddingStats()
@@ -447,13 +456,53 @@ class CompileRun:
             return  # a batch the padding does not describe (e.g. a tuple without roles): not counted
         self._padding_seen = self._padding_seen + stats  # real elements stay a device tensor: no host sync
 
-    def validation_start(self, *, epoch: int, step: int) -> None:
+    def validation_start(
+        self, *, epoch: int, step: int, batches: int | None, every: int | None, sanity_check: bool
+    ) -> None:
+        """``batches``: this validation's; ``every``: training batches between validations (None: unknown)."""
         self.anatomy_ops.abort_probe()
         if self.watch is not None:
             self.watch.collect()
             self.watch.set_phase(stage="validate", epoch=epoch, step=step)
+        why = self._validation_stays_eager(batches, every, sanity_check=sanity_check)
+        if self.env.multi_process:  # rank 0's timings decide for every rank: one plan everywhere
+            why = self.env.broadcast(why, 0)
+        if why is None:
+            self._validation_compiled = self._validation_compiled or not sanity_check
+            return
+        self._eager_stance = torch.compiler.set_stance("force_eager")  # ended in validation_end / release
+        if why not in self.notes:
+            self.notes.append(why)
+
+    def _validation_stays_eager(self, batches: int | None, every: int | None, *, sanity_check: bool) -> str | None:
+        """Why validation runs eagerly this time, or None where it may compile its graph: nothing is
+        compiled, its graph exists already, or its batches left repay the compile (or that is unknown)."""
+        if self.planner is None or not any(r.is_compiled for r in self.planner.regions) or self._validation_compiled:
+            return None
+        if sanity_check:
+            return "validation's sanity check ran eagerly: its batches come before any training step to repay a compile"
+        eager_ms = (self.timer.median_ms(EAGER) if self.timer else None) or self.planner.eager_ms
+        compiled_ms = self.timer.median_ms(COMPILED, last=100) if self.timer else None
+        if not (eager_ms and compiled_ms and batches and every and self._planned_batches is not None):
+            return None  # no measured plan or no known run length: as torch.compile would
+        left = batches * (1 + max(0, self.remaining_batches()) // every)
+        saving_s = left * max(0.0, eager_ms - compiled_ms) * FORWARD_SHARE / 1e3
+        kept = [d.compile_seconds for d in self.planner.decisions if d.kept and d.compile_seconds]
+        assert self.watch is not None
+        cost_s = (sum(kept) if kept else self.watch.totals()["compile_time_s"]) * INFERENCE_COMPILE_SHARE
+        if saving_s > cost_s:
+            return None
+        return (f"validation runs eagerly (torch.compiler.set_stance('force_eager')): its {left} batches left "
+                f"would save about {saving_s:.1f} s against about {cost_s:.1f} s to compile its no_grad graph "
+                f"(estimated from the training plan)")
+
+    def _end_eager_validation(self) -> None:
+        if self._eager_stance is not None:
+            self._eager_stance.__exit__(None, None, None)  # the stance before ours again
+            self._eager_stance = None
 
     def validation_end(self, *, epoch: int, step: int, sanity_check: bool) -> None:
+        self._end_eager_validation()
         if self.watch is not None:
             self.watch.collect()
             if not sanity_check:
@@ -810,6 +859,7 @@ class CompileRun:
         """Gives back what the fit took: the profiler of a sampled step that raised, torch's process-wide
         settings, dynamo's compile hooks, a trial cut short. Safe to call twice."""
         self.anatomy_ops.close()
+        self._end_eager_validation()
         if self.planner is not None:
             self.planner.close()
         if self._previous_backward_lowering is not None:

@@ -163,6 +163,20 @@ MUTATIONS = [
         new="            pass\n",
         tests=("tests/test_process_state.py::test_a_fit_that_reverts_a_region_leaves_the_process_and_the_module_as_they_were",),
     ),
+    Mutation(
+        name="validation compiles its no_grad graph whether or not it repays",
+        path="compile_callback/run.py",
+        old="        why = self._validation_stays_eager(batches, every, sanity_check=sanity_check)\n",
+        new="        why = None\n",
+        tests=("tests/test_validation_payback.py",),
+    ),
+    Mutation(
+        name="validation never compiles",
+        path="compile_callback/run.py",
+        old="        if saving_s > cost_s:\n            return None\n",
+        new="",
+        tests=("tests/test_validation_payback.py::test_a_validation_that_repays_compiles_its_graph",),
+    ),
 ]
 
 

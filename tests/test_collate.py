@@ -22,7 +22,6 @@ from compile_callback.collate import (
     ShapeCensus,
     bucket_for,
     choose_buckets,
-    make_pad_collate,
     padding_stats,
     padding_waste,
 )
@@ -387,37 +386,6 @@ def test_measure_feeds_a_census():
 
 
 # ---------------------------------------------------------------------------------------------------
-# The factory
-# ---------------------------------------------------------------------------------------------------
-
-
-def test_make_pad_collate_strategies():
-    lengths = [100, 120, 128, 500, 510]
-    auto = make_pad_collate("auto", census=ShapeCensus(lengths), max_buckets=2, batch_size=4, short_batch="pad")
-    assert auto.sequence_buckets == (128, 512) and auto.short_batch == "pad"
-    assert make_pad_collate("max", census=lengths).sequence_buckets == (512,)
-    assert make_pad_collate("max", max_size=1000).sequence_buckets == (1000,)
-    assert make_pad_collate([256, 64]).sequence_buckets == (64, 256)
-    images = make_pad_collate("auto", census=[30, 32, 60, 64], max_buckets=2, target="image", fields={0: "image", 1: "labels"})
-    assert images.image_buckets == (32, 64) and images.sequence_buckets is None
-
-
-@pytest.mark.parametrize(
-    "args, options, message",
-    [
-        (("fast",), {}, r"`buckets` must be one of \('auto', 'max'\) or a list of edges; got 'fast'"),
-        (("auto",), {}, r"buckets='auto' .* needs `census`"),
-        (("max",), {}, r"buckets='max' .* needs `census` .* or `max_size`"),
-        (([0, 8],), {}, r"`buckets` must hold positive integers"),
-        (([8],), {"target": "audio"}, r"`target` must be one of \('sequence', 'image'\); got 'audio'"),
-    ],
-)
-def test_make_pad_collate_errors(args, options, message):
-    with pytest.raises(ValueError, match=message):
-        make_pad_collate(*args, **options)
-
-
-# ---------------------------------------------------------------------------------------------------
 # Option and sample errors
 # ---------------------------------------------------------------------------------------------------
 
@@ -518,7 +486,6 @@ def test_pad_collate_pickles():
     expected, got = collate(samples), copy(samples)
     assert all(torch.equal(expected[key], got[key]) for key in expected)
     assert copy.inner is torch.utils.data.default_collate
-    assert pickle.loads(pickle.dumps(make_pad_collate("auto", census=[3, 9, 30], max_buckets=2))).sequence_buckets == (16, 32)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -57,6 +57,9 @@ def test_callback_config_mirrors_compile_callback_arguments():
         f"remove {extra} (same name and default)."
     )
     assert fields == parameters
+    from compile_callback.config import CompileConfig  # the checked copy the callback keeps: same defaults
+
+    assert {field.name: field.default for field in dataclasses.fields(CompileConfig)} == parameters
 
 
 def test_overrides_replace_values_and_parse_lists():
