@@ -63,7 +63,8 @@ def render_table(report: dict[str, Any]) -> str:
         f"{' (shapes priced one by one)' if summary.get('speedup_priced') == 'shape by shape' else ''}"
         f"  step {_fmt(summary.get('step_time_ms'), '.2f', ' ms')}"
         f"  eager {_fmt(summary.get('eager_step_time_ms'), '.2f', ' ms')}  compile time "
-        f"{_fmt(summary.get('compile_time_s'), '.1f', ' s')}  graphs {summary.get('graphs', 0)}  "
+        f"{_fmt(summary.get('compile_time_s'), '.1f', ' s')} (training stalled {_fmt(summary.get('stall_s'), '.1f', ' s')})"
+        f"  graphs {summary.get('graphs', 0)}  "
         f"graph breaks {summary.get('graph_breaks', 0)}  recompiles {summary.get('recompiles', 0)}  "
         f"eager fallbacks {summary.get('eager_fallbacks', 0)}",
     ]
@@ -120,10 +121,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     out = [
         "### Summary",
         "",
-        "| speedup | step ms | eager ms | compile s | graphs | graph breaks | recompiles | eager fallbacks |",
-        "|---|---|---|---|---|---|---|---|",
+        "| speedup | step ms | eager ms | compile s | stall s | graphs | graph breaks | recompiles | eager fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|",
         f"| {_fmt(summary.get('speedup'), '.3f', 'x')} | {_fmt(summary.get('step_time_ms'))} | "
         f"{_fmt(summary.get('eager_step_time_ms'))} | {_fmt(summary.get('compile_time_s'), '.1f')} | "
+        f"{_fmt(summary.get('stall_s'), '.1f')} | "
         f"{summary.get('graphs', 0)} | {summary.get('graph_breaks', 0)} | {summary.get('recompiles', 0)} | "
         f"{summary.get('eager_fallbacks', 0)} |",
         "",

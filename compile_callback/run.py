@@ -128,6 +128,7 @@ class CompileRun:
         self._previous_inductor_cache: tuple[str | None] | None = None  # while ours is set
         self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
         self._validation_compiled = False  # a validation ran with compiling allowed: its graph exists
+        self._stall_s = 0.0  # seconds the training loop waited for compiling and checking (compile/stall_s)
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
         self._padding_seen = PaddingStats()
@@ -360,7 +361,9 @@ class CompileRun:
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=epoch, step=step)
         self._finish_sync_probe()  # first: the planner may compile and run code below
+        planning = time.perf_counter()
         self._label = self.planner.before_batch(self.batch_index)
+        self._stall_s += time.perf_counter() - planning  # verification and trial set-up, before the step
         if self.config.anatomy and self.env.sample_anatomy:
             watch = self.watch
             self.anatomy_ops.before_batch(
@@ -399,6 +402,8 @@ class CompileRun:
         key = batch_shapes(batch) if self._keys_wanted() else None
         self.timer.stop(None if compiled_now or sampled else self._label, key=key)
         host_ms = (time.perf_counter() - self._host_start) * 1e3
+        if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)
+            self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
         self.batch_index += 1
@@ -652,6 +657,7 @@ class CompileRun:
             telemetry.SPEEDUP_LOW: priced[0] * (1 - 2 * priced[1]) if priced else None,
             telemetry.SPEEDUP_HIGH: priced[0] * (1 + 2 * priced[1]) if priced else None,
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
+            telemetry.STALL_S: self._stall_s,
             telemetry.GRAPHS: totals["graphs"],
             telemetry.GRAPH_BREAKS: totals["graph_breaks"],
             telemetry.RECOMPILES: totals["recompiles"],
@@ -745,6 +751,7 @@ class CompileRun:
             "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],
             "eager_step_time_p90_ms": eager.get("p90_ms"),
             "compile_time_s": metrics[telemetry.COMPILE_TIME_S],
+            "stall_s": metrics[telemetry.STALL_S],
             "graphs": int(metrics[telemetry.GRAPHS] or 0),
             "graph_breaks": int(metrics[telemetry.GRAPH_BREAKS] or 0),
             # Of those, the ones dynamo's counters["graph_break"] counts (at a call); the rest (no

@@ -24,6 +24,7 @@ SPEEDUP_HIGH = "compile/speedup_high"
 STEP_TIME_MS = "compile/step_time_ms"
 EAGER_STEP_TIME_MS = "compile/eager_step_time_ms"
 COMPILE_TIME_S = "compile/compile_time_s"
+STALL_S = "compile/stall_s"
 GRAPHS = "compile/graphs"
 GRAPH_BREAKS = "compile/graph_breaks"
 RECOMPILES = "compile/recompiles"
@@ -90,7 +91,7 @@ def custom_scalars_layout() -> dict[str, Any]:
             "memory (GB): fit peak, eager steps, plan's steps": [
                 "Multiline", [MEMORY_PEAK_GB, MEMORY_EAGER_PEAK_GB, MEMORY_PLAN_PEAK_GB]
             ],
-            "compile time (s)": ["Multiline", [COMPILE_TIME_S]],
+            "compile time (s)": ["Multiline", [COMPILE_TIME_S, STALL_S]],
             "graphs and recompiles": ["Multiline", [GRAPHS, RECOMPILES, RECOMPILES_EPOCH]],
             "graph breaks and eager fallbacks": ["Multiline", [GRAPH_BREAKS, EAGER_FALLBACKS]],
             "decisions": ["Multiline", [REGIONS_COMPILED, REGIONS_REVERTED]],

@@ -177,6 +177,13 @@ MUTATIONS = [
         new="",
         tests=("tests/test_validation_payback.py::test_a_validation_that_repays_compiles_its_graph",),
     ),
+    Mutation(
+        name="compile/stall_s leaves out the steps that compiled",
+        path="compile_callback/run.py",
+        old="            self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3\n",
+        new="            pass\n",
+        tests=("tests/test_stall.py",),
+    ),
 ]
 
 

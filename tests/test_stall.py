@@ -1,0 +1,45 @@
+"""``compile/stall_s``: the seconds the training loop waited for compiling, against a backend that takes a
+known time to compile."""
+
+import time
+
+import pytest
+
+from compile_callback import CompileCallback
+from tests.conftest import TinyModel, VariableBatchDataset, loader, make_trainer, read_scalars
+
+COMPILE_S = 0.3
+compiles: list[int] = []
+
+
+def slow_to_compile(gm, example_inputs):
+    compiles.append(len(example_inputs))
+    time.sleep(COMPILE_S)  # what a real backend spends in Inductor, here known exactly
+    return gm.forward
+
+
+def test_stall_counts_the_compiles_the_training_loop_waited_for(tmp_path):
+    compiles.clear()
+    # Two batch sizes and static graphs: the first graph is compiled before its step (the callback
+    # compiles outside the step), the second inside the step that meets the new size.
+    callback = CompileCallback("model", backend=slow_to_compile, dynamic=False, eager_baseline_steps=2, warmup_steps=0)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=0)
+    started = time.perf_counter()
+    trainer.fit(TinyModel(), loader(VariableBatchDataset([8, 5], repeats=4), batch_size=None))
+    wall_s = time.perf_counter() - started
+    summary = callback.last_report["summary"]
+    assert len(compiles) == 2  # one graph per size (each backward lowered with its forward)
+    # Every compile happened inside training steps, each one waited for in full.
+    assert len(compiles) * COMPILE_S <= summary["stall_s"] < wall_s, (compiles, summary["stall_s"], wall_s)
+    assert summary["compile_time_s"] >= len(compiles) * COMPILE_S  # dynamo's records hold the same sleeps
+    logged = read_scalars(trainer.logger.log_dir)["compile/stall_s"]
+    assert logged[-1][1] == pytest.approx(summary["stall_s"], rel=1e-6)  # TensorBoard keeps float32
+
+
+def test_nothing_compiled_stalls_nothing(tmp_path):
+    # Eager baseline only: no step waits for a compile.
+    callback = CompileCallback("model", backend=slow_to_compile, eager_baseline_steps=20, warmup_steps=0)
+    trainer = make_trainer(tmp_path, [callback], max_steps=8, limit_val_batches=0)
+    trainer.fit(TinyModel(), loader(batch_size=8))
+    assert callback.last_report["summary"]["compile_time_s"] == 0
+    assert callback.last_report["summary"]["stall_s"] < COMPILE_S / 10
