@@ -141,8 +141,7 @@ class CompileCallback(Callback):
         config = self.__dict__.get("config")
         if config is None or name not in OPTIONS:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        value = getattr(config, name)
-        return list(value) if isinstance(value, tuple) else value
+        return config.given(name)
 
     @property
     def last_report(self) -> dict[str, Any] | None:

@@ -155,6 +155,11 @@ class CompileConfig:
         if self.pad_short_batch not in SHORT_BATCH_MODES:
             raise ValueError(f"`pad_short_batch` must be 'keep' or 'pad'; got {self.pad_short_batch!r}.")
 
+    def given(self, name: str) -> Any:
+        """An option as the user gave it: the tuples this frozen config keeps are lists again."""
+        value = getattr(self, name)
+        return list(value) if isinstance(value, tuple) else value
+
     @property
     def region_names(self) -> list[str]:
         """The names to resolve for fixed regions (``"model"``: the whole LightningModule)."""
@@ -188,7 +193,7 @@ class CompileConfig:
         """What a cached plan's key holds beside the model: a plan measured under other options is not reused.
         ``pad`` is the fit's (the churn policy may have turned padding on)."""
         return {
-            "regions": self.regions if isinstance(self.regions, str) else list(self.regions),
+            "regions": self.given("regions"),
             "backend": backend_name(self.backend), "mode": self.mode, "fullgraph": self.fullgraph,
             "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
             # Padding changes the shapes the plan was measured on (and makes regions static).

@@ -127,7 +127,6 @@ class CompileRun:
         self._plan_file: str | None = None
         self._previous_inductor_cache: tuple[str | None] | None = None  # while ours is set
         self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
-        self._validation_compiled = False  # a validation ran with compiling allowed: its graph exists
         self._stall_s = 0.0  # seconds the training loop waited for compiling and checking (compile/stall_s)
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
@@ -473,7 +472,6 @@ class CompileRun:
         if self.env.multi_process:  # rank 0's timings decide for every rank: one plan everywhere
             why = self.env.broadcast(why, 0)
         if why is None:
-            self._validation_compiled = self._validation_compiled or not sanity_check
             return
         self._eager_stance = torch.compiler.set_stance("force_eager")  # ended in validation_end / release
         if why not in self.notes:
@@ -482,18 +480,18 @@ class CompileRun:
     def _validation_stays_eager(self, batches: int | None, every: int | None, *, sanity_check: bool) -> str | None:
         """Why validation runs eagerly this time, or None where it may compile its graph: nothing is
         compiled, its graph exists already, or its batches left repay the compile (or that is unknown)."""
-        if self.planner is None or not any(r.is_compiled for r in self.planner.regions) or self._validation_compiled:
+        if self.planner is None or self.watch is None or not any(r.is_compiled for r in self.planner.regions):
             return None
+        if any(r.stage == "validate" for r in self.watch.recompiles):
+            return None  # a validation compiled its graph already: using it costs nothing
         if sanity_check:
             return "validation's sanity check ran eagerly: its batches come before any training step to repay a compile"
-        eager_ms = (self.timer.median_ms(EAGER) if self.timer else None) or self.planner.eager_ms
-        compiled_ms = self.timer.median_ms(COMPILED, last=100) if self.timer else None
+        eager_ms, compiled_ms = self._step_ms()
         if not (eager_ms and compiled_ms and batches and every and self._planned_batches is not None):
             return None  # no measured plan or no known run length: as torch.compile would
         left = batches * (1 + max(0, self.remaining_batches()) // every)
         saving_s = left * max(0.0, eager_ms - compiled_ms) * FORWARD_SHARE / 1e3
         kept = [d.compile_seconds for d in self.planner.decisions if d.kept and d.compile_seconds]
-        assert self.watch is not None
         cost_s = (sum(kept) if kept else self.watch.totals()["compile_time_s"]) * INFERENCE_COMPILE_SHARE
         if saving_s > cost_s:
             return None
@@ -637,13 +635,17 @@ class CompileRun:
             compiled_ms=compiled_ms,
         )
 
+    def _step_ms(self) -> tuple[float | None, float | None]:
+        """The eager baseline's median step and the latest 100 compiled steps' median (ms). A plan applied
+        from a checkpoint or the plan cache measured its eager baseline in the run that made it."""
+        assert self.timer is not None and self.planner is not None
+        return self.timer.median_ms(EAGER) or self.planner.eager_ms, self.timer.median_ms(COMPILED, last=100)
+
     def metrics(self) -> dict[str, float | None]:
         """The ``compile/*`` scalars now: speedup and step times (medians), and dynamo's accounting."""
         assert self.watch is not None and self.timer is not None and self.planner is not None
         totals = self.watch.totals()
-        # A plan applied from a checkpoint or the plan cache measured its eager baseline in the run that made it.
-        eager_ms = self.timer.median_ms(EAGER) or self.planner.eager_ms
-        compiled_ms = self.timer.median_ms(COMPILED, last=100)
+        eager_ms, compiled_ms = self._step_ms()
         priced = self.planner.priced_speedup()
         first = self.planner.decisions[0] if self.planner.decisions else None
         if priced is not None and first is not None and first.baseline_ms:
@@ -781,14 +783,13 @@ class CompileRun:
             return [{"region": name, "reason": item["reason"], "count": item["count"]}
                     for name, stats in regions.items() for item in stats[key]]
 
-        memory = self.memory()
         notes = [note for note in (ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])), self._rank_note) if note]
         return {
             "summary": self._summary(metrics),
             "ranks": self.ranks,
             "environment": {"torch": torch.__version__, "backend": backend_name(self.config.backend)},
             "plan": {
-                "regions": self.config.regions if isinstance(self.config.regions, str) else list(self.config.regions),
+                "regions": self.config.given("regions"),
                 "frozen": self.planner.frozen,
                 "launch_bound": self.planner.launch_bound,
                 "coverage": self.planner.coverage,
@@ -807,7 +808,7 @@ class CompileRun:
             "graph_break_reasons": causes("graph_break_reasons"),
             "suggestions": build_suggestions(
                 regions, self.planner.regions, self.planner.decisions,
-                eager_gb=memory.get(telemetry.MEMORY_EAGER_PEAK_GB), plan_gb=memory.get(telemetry.MEMORY_PLAN_PEAK_GB),
+                eager_gb=metrics.get(telemetry.MEMORY_EAGER_PEAK_GB), plan_gb=metrics.get(telemetry.MEMORY_PLAN_PEAK_GB),
                 host_syncs=host_sync_advice(self.anatomy_ops.host_syncs, self.anatomy_ops.step_host_syncs or 0)
                 if self._on_gpu else [],  # on a CPU the "device" is the host: reading a value there costs nothing
             ),
