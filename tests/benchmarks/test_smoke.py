@@ -626,4 +626,4 @@ def test_memory_cap_makes_larger_allocations_fail():
         with pytest.raises(ValueError, match="more than the device's"):
             apply_memory_cap(total + 1, device)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())  # needs an index
