@@ -5,6 +5,8 @@ Runs a list of steps per workload in one process and writes one JSON line per st
 process between variants:
 
 - ``@gc``: ``gc.collect()`` and ``torch.cuda.empty_cache()``;
+- ``@profile``: 30 CPU-only ``torch.profiler`` sessions as the callback's anatomy starts them, their
+  events read (does a profiler session alone leave the process slower?);
 - ``@reset``: ``torch._dynamo.reset()`` (compiled code, guards and CUDA-graph trees dropped);
 - ``%<variant>``: the variant run under cProfile, its top functions by own time written to
   ``$DOUT/profile-<n>-<variant>.txt`` (where an eager run's host time goes);
@@ -17,7 +19,7 @@ variants otherwise use the "eager" backend).
 
 After every step it records the process state (function/dispatch modes, profiler, module hooks,
 threads, load average, allocator counters, CUDA-graph tree managers) and a host-overhead probe (2,000
-tiny CUDA ops timed on the host). During a variant it records the peak memory of every batch with the
+tiny CUDA ops timed on the host), also taken in turn with a fresh process's. During a variant it records the peak memory of every batch with the
 CompileCallback's phase label, so the batch (and phase) that sets the fit's peak is named.
 
     DOUT=$OUT/diag python -m benchmarks.diagnostics.phases resnet18_cifar:eager,callback,eager_end,@gc,eager_end,@reset,eager_end
@@ -29,8 +31,9 @@ import cProfile
 import gc
 import io
 import json
-import pstats
 import os
+import pstats
+import resource
 import shutil
 import subprocess
 import sys
@@ -62,7 +65,7 @@ class PeakStepEnd(StepEnd):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
         torch_profile["seen"] = torch_profile.get("seen", -1) + 1  # batch_idx restarts every epoch
-        if torch_profile.get("on") and torch_profile["seen"] == PROFILE_FROM:
+        if torch_profile.get("on") and torch_profile["seen"] == torch_profile["from"]:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if device.type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -71,7 +74,7 @@ class PeakStepEnd(StepEnd):
             torch_profile["wall"] = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
-        if torch_profile.get("profiler") is not None and torch_profile["seen"] == PROFILE_FROM + PROFILE_BATCHES - 1:
+        if torch_profile.get("profiler") is not None and torch_profile["seen"] == torch_profile["from"] + PROFILE_BATCHES - 1:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             torch_profile["wall"] = time.perf_counter() - torch_profile["wall"]
@@ -145,20 +148,38 @@ def gpu_probe_ms() -> float | None:
 
 
 FRESH_PROBE = (
-    "import time, torch; x = torch.ones(8, device='cuda')\n"
+    "import sys, time, torch; x = torch.ones(8, device='cuda')\n"
     "for _ in range(100): x = x + 1\n"
-    "torch.cuda.synchronize(); s = time.perf_counter()\n"
-    "for _ in range(2000): x = x + 1\n"
-    "print(round((time.perf_counter() - s) * 1e3, 2))"
+    "torch.cuda.synchronize(); print('ready', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    s = time.perf_counter()\n"
+    "    for _ in range(2000): x = x + 1\n"
+    "    print(round((time.perf_counter() - s) * 1e3, 2), flush=True)\n"
 )
 
 
-def fresh_process_probe_ms() -> float | str | None:
-    """The host probe in a new process: slower there too means the machine, not this process's state."""
+def paired_probe(rounds: int = 7) -> dict[str, Any] | None:
+    """The host probe here and in a new process, taken in turn (``rounds`` pairs a few milliseconds
+    apart): the machine's noise moves both, a state of this process only the first. The median of the
+    pairs' ratios (this process / the fresh one) is ~1.0 for a process that carries nothing."""
     if device.type != "cuda":
         return None
-    done = subprocess.run([sys.executable, "-c", FRESH_PROBE], capture_output=True, text=True, timeout=120)
-    return float(done.stdout.strip()) if done.returncode == 0 else done.stderr[-300:]
+    child = subprocess.Popen([sys.executable, "-c", FRESH_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        if child.stdout.readline().strip() != "ready":
+            return {"error": "the fresh process did not start"}
+        here, fresh = [], []
+        for _ in range(rounds):
+            here.append(host_probe_ms())
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            fresh.append(float(child.stdout.readline()))
+        ratios = sorted(h / f for h, f in zip(here, fresh))
+        return {"here_ms": here, "fresh_ms": fresh, "ratio_median": round(ratios[len(ratios) // 2], 3)}
+    finally:
+        child.kill()
+        child.wait()
 
 
 def nvidia_smi() -> str | None:
@@ -168,6 +189,21 @@ def nvidia_smi() -> str | None:
     done = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
                           capture_output=True, text=True, timeout=60)
     return (done.stdout or done.stderr).strip()[:300]
+
+
+def scheduler() -> dict[str, float]:
+    """This process's CPU seconds (all threads, and the main thread's), seconds it waited on a run queue (Linux ``/proc/self/schedstat``, all
+    the main thread) and involuntary context switches: a variant whose wall time rises while its
+    CPU seconds do not either waited for a CPU (run-queue seconds rise: the host's other tenants) or for
+    the GPU (they do not)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open("/proc/self/schedstat") as handle:
+            on_cpu_ns, waiting_ns, _ = (int(v) for v in handle.read().split())
+    except (OSError, ValueError):
+        on_cpu_ns = waiting_ns = 0
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "main_thread_cpu_s": on_cpu_ns / 1e9, "runqueue_s": waiting_ns / 1e9,
+            "involuntary_switches": float(usage.ru_nivcsw), "wall_s": time.perf_counter()}
 
 
 def state() -> dict[str, Any]:
@@ -187,7 +223,7 @@ def state() -> dict[str, Any]:
         "probe_ms": host_probe_ms(),
         "cpu_probe_ms": cpu_probe_ms(),
         "gpu_probe_ms": gpu_probe_ms(),
-        "fresh_process_probe_ms": fresh_process_probe_ms(),
+        "paired_probe": paired_probe(),
         "nvidia_smi": nvidia_smi(),
         "history_recording": torch._C._cuda_isHistoryEnabled() if device.type == "cuda" else None,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
@@ -242,6 +278,18 @@ def run(spec: str) -> None:
                 torch.cuda.empty_cache()
             write({"workload": name, "step": step, **state()})
             continue
+        if step == "@profile":  # what the callback's anatomy does to a process, without a fit
+            from compile_callback.anatomy import _start_cpu_profiler
+
+            x = torch.ones(8, device=device)
+            for _ in range(30):
+                profiler = _start_cpu_profiler()
+                for _ in range(200):
+                    x = x + 1
+                profiler.stop()
+                sum(1 for _ in profiler.events())
+            write({"workload": name, "step": step, **state()})
+            continue
         if step == "@reset":
             torch._dynamo.reset()
             gc.collect()
@@ -254,7 +302,12 @@ def run(spec: str) -> None:
         profiler = cProfile.Profile() if profiled else None
         if profiler is not None:
             profiler.enable()
+        if torch_profile["on"]:  # the 24 profiled batches end 10 before the run does
+            torch_profile["from"] = max(0, min(PROFILE_FROM, settings.total_steps - PROFILE_BATCHES - 10))
+        before = scheduler()
         record = runner.run_variant(workload, VARIANTS[step], settings, initial)
+        after = scheduler()
+        spent = {f"variant_{k}": round(after[k] - before[k], 3) for k in before}
         if profiler is not None:
             profiler.disable()
             text = io.StringIO()
@@ -287,6 +340,7 @@ def run(spec: str) -> None:
             "decisions": [{k: d.get(k) for k in ("region", "mode", "kept", "speedup", "reason", "max_rel_error")}
                           for d in callback.get("decisions", [])],
             "memory": {k: v for k, v in callback.get("summary", {}).items() if "memory" in k or "peak" in k},
+            **spent,
             **state(), "batches": list(batches), "step_ms_all": record.get("step_ms_all"),
         })
 
