@@ -19,11 +19,13 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.memory import graph_pool_misfit
+from compile_callback.payback import CompileCosts, Priced, compile_units, payback_order, saving_seconds
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
     MODEL,
     CompileOptions,
     Region,
+    backend_name,
     compile_region,
     guard_region,
     region_name,
@@ -261,6 +263,7 @@ class Candidate:
     share: float
     mode: str | None = None
     cold: bool = False  # too small a share (on this rank's timings) to be worth a compile of its own
+    units: int = 0  # its size for compile cost (payback.compile_units)
 
     @property
     def name(self) -> str:
@@ -351,6 +354,7 @@ class AutoPlanner(_CompilesRegions):
         self._script = self._run()
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
+        self._all_candidates: list[Candidate] = []
         self._last_failure = ""
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
@@ -420,7 +424,8 @@ class AutoPlanner(_CompilesRegions):
             self.launch_bound = bool(self.agree(host_ms >= 0.7 * device_ms))
         current_ms = self.eager_ms
         trials = 0
-        plan = self._order(self._candidates(candidates))
+        self._all_candidates = self._candidates(candidates)
+        plan = self._order(self._all_candidates)
         if self.launch_bound and self.options.mode is None and plan and plan[0].name == MODEL:
             # A launch-bound step gains most from CUDA graphs, which need the whole step in few graphs:
             # try the whole model with reduce-overhead first, then everything else as usual.
@@ -716,14 +721,17 @@ class AutoPlanner(_CompilesRegions):
         if "" in self.profiler.held_inputs:
             # Under DDP the strategy's rerouted call of training_step runs eagerly and the model's own
             # forward inside it compiled (torch_internals.eager_while_rerouted).
-            candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0))
+            candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0,
+                                        units=compile_units([self.root], repeated=False)))
         else:
             self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")
         for region, members in regions.items():
             if region == MODEL:
                 continue
             ms = sum(forward.get(name, 0.0) for name in members)
-            candidate = Candidate(Region(region, members, [named[n] for n in members]), ms, ms / total)
+            modules = [named[n] for n in members]
+            candidate = Candidate(Region(region, members, modules), ms, ms / total,
+                                  units=compile_units(modules, repeated="*" in region))
             if "*" not in region:  # a top-level child: worth a compile of its own only when hot
                 child = named[members[0]]
                 has_params = any(p.requires_grad for p in child.parameters())
@@ -734,14 +742,32 @@ class AutoPlanner(_CompilesRegions):
         return candidates
 
     def _order(self, candidates: list[Candidate]) -> list[Candidate]:
-        """Whole model first, then the hot parts by share. Shares come from each rank's own timings, so
-        rank 0's choice and order are every rank's (all ranks hold the same candidates, cold or not)."""
-        hot = [c for c in candidates if not c.cold]
-        whole = [c for c in hot if c.name == MODEL]
-        parts = sorted((c for c in hot if c.name != MODEL), key=lambda c: -c.share)
-        order = self.agree([c.name for c in whole + parts])
+        """Whole model first, then the hot parts by share, unless the batches left cannot repay the
+        whole model's compile while a part's they can (:func:`payback.payback_order`). Shares come from
+        each rank's own timings, so rank 0's choice and order are every rank's (all ranks hold the same
+        candidates, cold or not)."""
+        hot = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in candidates if not c.cold]
+        order, note = self.agree(payback_order(hot, self._costs(), step_ms=self.eager_ms, batches=self._batches_left()))
+        if note:
+            self.notes.append(note)
         by_name = {c.name: c for c in candidates}
         return [by_name[name] for name in order]
+
+    def _batches_left(self, candidate: Candidate | None = None) -> int:
+        """Training batches left once ``candidate``'s trial (or none) and the frozen plan's warm-up are done."""
+        trial = self._trial_batches(candidate) if candidate is not None else 0
+        return self.remaining_batches() - (self.warmup_steps + trial)
+
+    def _costs(self) -> CompileCosts:
+        """Compile seconds per unit: from this run's decisions (a region's first), else the backend's prior."""
+        costs = CompileCosts(backend_name(self.options.backend))
+        units = {c.name: c.units for c in self._all_candidates}
+        seen: set[str] = set()
+        for decision in self.decisions:
+            if decision.compile_seconds and decision.region in units and decision.region not in seen:
+                seen.add(decision.region)
+                costs.observe(units[decision.region], decision.compile_seconds)
+        return costs
 
     def _fit_trials_to_shapes(self, shapes: int, steps: int) -> None:
         """``shapes`` distinct batch shapes in the ``steps`` timed before the trials. A few shapes that
@@ -809,17 +835,19 @@ class AutoPlanner(_CompilesRegions):
         return before_ms / after_ms, noise
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
-        remaining = self.remaining_batches() - (self.warmup_steps + self._trial_batches(candidate))
-        spent = [d.compile_seconds for d in self.decisions if d.compile_seconds]
+        """Whether the batches left can repay ``candidate``'s compile, judged on this run's measured
+        compiles only (a prior may order the candidates, never skip one)."""
+        remaining = self._batches_left(candidate)
+        costs = self._costs()
         reason = None
         if remaining <= 0:
             reason = "skipped: the run ends before a trial could finish"
-        elif spent and current_ms:
-            # Optimistic: compiling saves a quarter of the candidate's share of the step.
-            estimate = max(spent) * max(candidate.share, 0.05)
-            saving_s = 0.25 * candidate.share * current_ms / 1e3 * remaining
+        elif costs.measured and current_ms:
+            estimate = costs.seconds(candidate.units) or 0.0
+            saving_s = saving_seconds(candidate.share, current_ms, remaining)
             if saving_s < estimate:
-                reason = f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s"
+                reason = (f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s "
+                          f"(estimated {costs.source})")
         # Compile times and shares differ by rank; whether to try must not.
         if bool(self.agree(reason is None)):
             return True

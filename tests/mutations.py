@@ -184,6 +184,20 @@ MUTATIONS = [
         new="            pass\n",
         tests=("tests/test_stall.py",),
     ),
+    Mutation(
+        name="the whole model always goes first, however short the run",
+        path="compile_callback/payback.py",
+        old="    if net(whole[0]) >= 0:\n",
+        new="    if True:\n",
+        tests=("tests/test_payback.py",),
+    ),
+    Mutation(
+        name="skipping prices a candidate by the prior, not only by compiles measured in the run",
+        path="compile_callback/planner.py",
+        old="        elif costs.measured and current_ms:\n",
+        new="        elif current_ms and costs.rate is not None:\n",
+        tests=("tests/test_payback.py",),
+    ),
 ]
 
 

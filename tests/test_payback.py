@@ -1,0 +1,112 @@
+"""Payback order: in a run too short to repay the whole model's compile, a cheaper region that repays is
+tried first, and the whole model after it is judged on the compile seconds measured in the run."""
+
+import time
+
+import pytest
+from torch import nn
+
+from compile_callback import CompileCallback, payback
+from compile_callback.payback import CompileCosts, Priced, compile_units, payback_order, saving_seconds
+from compile_callback.regions import backend_name
+from tests.conftest import TinyModel, loader, make_trainer
+
+GRAPH_S = 0.15
+
+
+def slow_to_compile(gm, example_inputs):
+    time.sleep(GRAPH_S)  # a known compile time per graph
+    return gm.forward
+
+
+def test_a_group_of_repeated_blocks_counts_one_block():
+    model = TinyModel(depth=12)  # embed, 12 blocks and a head: one Linear each
+    assert compile_units([model], repeated=False) == 14
+    assert compile_units(list(model.blocks), repeated=True) == 1
+    assert compile_units([model.head], repeated=False) == 1
+    assert compile_units([nn.Linear(2, 2)], repeated=False) == 1  # a leaf is itself
+
+
+def test_costs_come_from_the_run_once_measured_else_from_inductors_prior():
+    assert CompileCosts("eager").rate is None  # no prior: nothing is estimated before a compile
+    prior = CompileCosts("inductor")
+    assert prior.seconds(125) == pytest.approx(0.15 * (payback.FIXED_UNITS + 125))  # GPT-2's 21 s
+    assert "prior" in prior.source
+    measured = CompileCosts("inductor")
+    measured.observe(10, 2.2)
+    measured.observe(0, 0.0)  # a trial that compiled nothing tells nothing
+    assert measured.rate == pytest.approx(2.2 / (payback.FIXED_UNITS + 10))
+    assert "1 compile(s) measured" in measured.source
+
+
+# GPT-2-like: the whole model (125 leaves) and a group of twelve 10-leaf blocks with 80% of the step.
+WHOLE, BLOCKS, HEAD = Priced("model", 1.0, 125, True), Priced("h.*", 0.8, 10, False), Priced("lm_head", 0.15, 1, False)
+
+
+def test_a_long_run_tries_the_whole_model_first():
+    order, note = payback_order([BLOCKS, HEAD, WHOLE], CompileCosts("inductor"), step_ms=43.0, batches=5000)
+    assert order == ["model", "h.*", "lm_head"] and note is None  # 5000 batches repay ~20.6 s
+
+
+def test_a_short_run_tries_what_repays_first_and_says_why():
+    # 1000 batches: the whole model saves ~10.8 s against ~20.6 s; the blocks ~8.6 s against ~3.3 s.
+    order, note = payback_order([WHOLE, HEAD, BLOCKS], CompileCosts("inductor"), step_ms=43.0, batches=1000)
+    assert order == ["h.*", "model", "lm_head"]
+    assert note.startswith("payback order: the whole model's compile (~20.6 s") and "tried first: h.*" in note
+    assert saving_seconds(1.0, 43.0, 1000) == pytest.approx(10.75)
+
+
+def test_nothing_is_reordered_when_no_region_repays_or_costs_are_unknown():
+    # 200 batches repay nothing: the usual order (skipping is left to the measured costs).
+    assert payback_order([WHOLE, BLOCKS], CompileCosts("inductor"), step_ms=43.0, batches=200) == (["model", "h.*"], None)
+    assert payback_order([WHOLE, BLOCKS], CompileCosts("eager"), step_ms=43.0, batches=1000) == (["model", "h.*"], None)
+    assert payback_order([BLOCKS, HEAD], CompileCosts("inductor"), step_ms=43.0, batches=1000)[0] == ["h.*", "lm_head"]
+
+
+class Sleepy(TinyModel):
+    """A step of ~20 ms whatever this machine's speed (the sleep is outside the model, so compiling
+    speeds none of it up): the savings the order weighs do not depend on the CPU."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.slow
+def test_the_planner_tries_the_repeated_blocks_first_in_a_short_run(tmp_path, monkeypatch):
+    # A prior of 0.1 s a leaf (no fixed part) for this backend: the whole model, 14 leaves, ~1.4 s
+    # against the ~0.4 s its ~80 batches left could save; one block ~0.1 s against ~0.3 s.
+    monkeypatch.setattr(payback, "FIXED_UNITS", 0)
+    monkeypatch.setitem(payback.PRIOR_SECONDS_PER_UNIT, backend_name(slow_to_compile), 0.1)
+    callback = CompileCallback(backend=slow_to_compile, eager_baseline_steps=4, warmup_steps=1, trial_steps=4)
+    trainer = make_trainer(tmp_path, [callback], max_steps=96, max_epochs=20, limit_val_batches=0)
+    trainer.fit(Sleepy(depth=12), loader(batch_size=8, shuffle=False))
+    report = callback.last_report
+    decisions = [(d["region"], d["reason"]) for d in report["decisions"]]
+    assert decisions[0][0] == "blocks.*", decisions
+    assert any(n.startswith("payback order: the whole model's compile") for n in report["plan"]["notes"])
+    whole = [reason for region, reason in decisions if region == "model"]
+    # The whole model comes after the blocks, priced on the blocks' measured compile (two graphs of
+    # 0.15 s for one leaf): skipped.
+    assert whole and whole[0].startswith("skipped:") and "measured in this run" in whole[0], decisions
+
+
+def test_without_the_prior_the_whole_model_still_goes_first(tmp_path):
+    callback = CompileCallback(backend=slow_to_compile, eager_baseline_steps=4, warmup_steps=1, trial_steps=4, max_trials=1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=40, max_epochs=20, limit_val_batches=0)
+    trainer.fit(Sleepy(depth=12), loader(batch_size=8, shuffle=False))
+    report = callback.last_report
+    assert report["decisions"][0]["region"] == "model", report["decisions"]
+    assert not any(n.startswith("payback order") for n in report["plan"]["notes"])
+
+
+def test_a_prior_orders_but_never_skips(tmp_path, monkeypatch):
+    # A prior that says nothing can repay (10 s a leaf): the usual order, and the whole model is tried
+    # anyway, since no compile of this run has been measured to say so.
+    monkeypatch.setattr(payback, "FIXED_UNITS", 0)
+    monkeypatch.setitem(payback.PRIOR_SECONDS_PER_UNIT, backend_name(slow_to_compile), 10.0)
+    callback = CompileCallback(backend=slow_to_compile, eager_baseline_steps=4, warmup_steps=1, trial_steps=4, max_trials=1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=40, max_epochs=20, limit_val_batches=0)
+    trainer.fit(Sleepy(depth=12), loader(batch_size=8, shuffle=False))
+    first = callback.last_report["decisions"][0]
+    assert first["region"] == "model" and not first["reason"].startswith("skipped"), first
