@@ -355,6 +355,7 @@ class AutoPlanner(_CompilesRegions):
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
         self._all_candidates: list[Candidate] = []
+        self.weighed: list[dict[str, Any]] = []  # the candidates the order weighed (payback.payback_order)
         self._last_failure = ""
         self._trial_length = trial_steps  # longer where batches come in several shapes (set after the baseline)
         self._settle_per_shape = 0  # timed steps a trial discards on each shape
@@ -747,9 +748,16 @@ class AutoPlanner(_CompilesRegions):
         each rank's own timings, so rank 0's choice and order are every rank's (all ranks hold the same
         candidates, cold or not)."""
         hot = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in candidates if not c.cold]
-        order, note = self.agree(payback_order(hot, self._costs(), step_ms=self.eager_ms, batches=self._batches_left()))
+        costs, batches = self._costs(), self._batches_left()
+        order, note = self.agree(payback_order(hot, costs, step_ms=self.eager_ms, batches=batches))
         if note:
             self.notes.append(note)
+        self.weighed = [  # what the order weighed, in the report (rank 0's figures on every rank)
+            {"region": c.name, "share": round(c.share, 4), "units": c.units, "compile_s_estimate": costs.seconds(c.units),
+             "saving_s_estimate": saving_seconds(c.share, self.eager_ms, batches) if self.eager_ms else None}
+            for c in hot
+        ]
+        self.weighed = self.agree(self.weighed)
         by_name = {c.name: c for c in candidates}
         return [by_name[name] for name in order]
 

@@ -793,6 +793,7 @@ class CompileRun:
                 "frozen": self.planner.frozen,
                 "launch_bound": self.planner.launch_bound,
                 "coverage": self.planner.coverage,
+                "candidates": list(getattr(self.planner, "weighed", [])),
                 "notes": list(self.planner.notes) + self.notes + notes,
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,

@@ -198,6 +198,13 @@ MUTATIONS = [
         new="        elif current_ms and costs.rate is not None:\n",
         tests=("tests/test_payback.py",),
     ),
+    Mutation(
+        name="the profiled step that holds inputs is timed with the others",
+        path="compile_callback/profile.py",
+        old="                if step > first:\n",
+        new="                if step >= 0:\n",
+        tests=("tests/test_payback.py",),
+    ),
 ]
 
 
