@@ -101,6 +101,15 @@ def test_fixed_mode_gives_shifted_windows(text_file):
     assert bool(batch["attention_mask"].all())
 
 
+def test_training_batches_are_all_full_and_validation_sees_every_sample(text_file):
+    # A shorter last batch is a new shape once an epoch for a compiled step (a recompile, new CUDA graphs).
+    data = GPTDataModule(GPTDataConfig(sources=[text_file], mode="fixed", seq_len=16, batch_size=6), seed=0)
+    data.setup("fit")
+    assert len(data.train_set) % 6 and len(data.val_set) % 6, "pick a batch size that leaves a remainder"
+    assert {b["input_ids"].shape[0] for b in data.train_dataloader()} == {6}
+    assert sum(b["input_ids"].shape[0] for b in data.val_dataloader()) == len(data.val_set)
+
+
 def test_varlen_mode_gives_batches_of_different_lengths_padded_with_ignored_labels(text_file):
     config = GPTDataConfig(sources=[text_file], mode="varlen", min_len=4, max_len=16, batch_size=4)
     data = GPTDataModule(config, seed=0)
