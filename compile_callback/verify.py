@@ -21,6 +21,11 @@ from torch import nn
 
 from compile_callback import torch_internals
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed: nothing is sharded
+    DTensor = ()  # type: ignore[assignment,misc]
+
 # Max relative error (per tensor ||compiled - eager|| / ||eager||, worst tensor), by compute dtype: fp32
 # is the SPEC's 1e-3. In bf16/fp16 two correct computations differ by their own rounding (bf16 keeps 8
 # mantissa bits; a gradient summed over a large batch in bf16 can be 10% off), so a tensor past the
@@ -132,7 +137,7 @@ def _run(
     # The backward starts where training's does, at the scalar (the loss) when the module returns one;
     # otherwise at every differentiable output.
     seeds = [t for t in differentiable if t.numel() == 1] or differentiable
-    take_outputs([t.detach() for t in outputs])
+    take_outputs([_local(t.detach()) for t in outputs])
     del output, outputs, differentiable
     wrt = [p for p in module.parameters() if p.requires_grad]
     wrt += [t for t in torch_internals.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -141,8 +146,15 @@ def _run(
         generator = torch.Generator(device=seeds[0].device).manual_seed(_SEED)
         weights = [_backward_weights(t, generator) for t in seeds]
         found = torch.autograd.grad(seeds, wrt, grad_outputs=weights, allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(found, wrt)]
+        grads = [_local(g if g is not None else torch.zeros_like(p)) for g, p in zip(found, wrt)]
     return count, grads
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's own shard (FSDP2's ``DTensor`` parameters and gradients), any other as it is:
+    each rank compares its shard, so verifying a sharded model gathers nothing (whether every rank's
+    shard agrees is the planner's ``agree_all``)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _backward_weights(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -205,6 +205,13 @@ MUTATIONS = [
         new="                if step >= 0:\n",
         tests=("tests/test_payback.py",),
     ),
+    Mutation(
+        name="verification compares sharded (DTensor) gradients as they are",
+        path="compile_callback/verify.py",
+        old="    return tensor.to_local() if isinstance(tensor, DTensor) else tensor\n",
+        new="    return tensor\n",
+        tests=("tests/test_sharded.py",),
+    ),
 ]
 
 
