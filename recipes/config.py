@@ -116,7 +116,7 @@ class TrainerConfig:
     precision: str = "32-true"
     accelerator: str = "auto"
     devices: Any = "auto"  # "auto", a count, or a list of device indices
-    strategy: str = "auto"  # Lightning's strategy name: "auto", "ddp", "ddp_spawn", "fsdp", ...
+    strategy: str = "auto"  # Lightning's strategy name ("auto", "ddp", "fsdp", ...) or "model_parallel" (FSDP2, GPT)
     log_every_n_steps: int = 50
     val_check_interval: Any = None  # int: every N training batches; float: fraction of an epoch
     limit_val_batches: Any = 1.0  # int: that many batches; float: fraction of the val set

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import Dataset
 
 from recipes.data import SplitDataModule
@@ -133,6 +134,17 @@ class GPTModule(L.LightningModule):
                 nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         self._val_loss_sum: torch.Tensor | None = None
         self._val_tokens: torch.Tensor | None = None
+
+    def configure_model(self) -> None:
+        """Under ``trainer.strategy=model_parallel`` (Lightning's ``ModelParallelStrategy``), FSDP2 the
+        torchtitan way: each block sharded on its own, then the rest with the root, so a block's
+        parameters are gathered just before it runs and freed after. Other strategies: nothing."""
+        if self.device_mesh is None or isinstance(self.transformer.h[0], FSDPModule):
+            return  # not sharded, or already (configure_model runs again for a later stage)
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.transformer.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

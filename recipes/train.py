@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from compile_callback import CompileCallback
 from compile_callback.timing import StepTimer, summarize
@@ -179,6 +180,25 @@ def step_times(config: RecipeConfig) -> StepTimes:
     return StepTimes(counts, flops)
 
 
+def build_strategy(config: RecipeConfig) -> str | ModelParallelStrategy:
+    """Lightning's strategy by name, and ``"model_parallel"``: FSDP2 over ``trainer.devices`` processes
+    (data-parallel only; the GPT recipe shards itself in ``configure_model``).
+
+    Raises:
+        ConfigError: ``model_parallel`` for a recipe that does not shard itself, or without a device count.
+    """
+    settings = config.trainer
+    if settings.strategy != "model_parallel":
+        return settings.strategy
+    if config.task != "gpt":
+        raise ConfigError(f"trainer.strategy=model_parallel shards the GPT recipe's blocks (FSDP2); the "
+                         f"{config.task!r} recipe does not shard itself: use trainer.strategy=ddp or fsdp.")
+    if isinstance(settings.devices, bool) or not isinstance(settings.devices, int) or settings.devices < 1:
+        raise ConfigError(f"trainer.strategy=model_parallel needs trainer.devices=<count> (the processes to "
+                         f"shard over, e.g. trainer.devices=2); got {settings.devices!r}.")
+    return ModelParallelStrategy(data_parallel_size=settings.devices, tensor_parallel_size=1)
+
+
 def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.Trainer:
     """A Trainer that logs to TensorBoard under ``run_dir``, on whatever accelerator is there."""
     settings = config.trainer
@@ -198,7 +218,7 @@ def build_trainer(config: RecipeConfig, callback: CompileCallback | None) -> L.T
         precision=settings.precision,
         accelerator=settings.accelerator,
         devices=settings.devices,
-        strategy=settings.strategy,
+        strategy=build_strategy(config),
         log_every_n_steps=settings.log_every_n_steps,
         val_check_interval=settings.val_check_interval,
         limit_val_batches=settings.limit_val_batches,

@@ -100,3 +100,34 @@ def test_command_line_runs_without_the_callback_as_plain_eager(tmp_path, capsys)
     assert "train/loss" in scalars
     assert not [tag for tag in scalars if tag.startswith("compile/")]
     assert not os.path.exists(os.path.join(tmp_path, "version_0", "compile_report.json"))
+
+
+@pytest.mark.slow
+def test_gpt_recipe_trains_sharded_with_fsdp2_on_two_processes(tmp_path):
+    # trainer.strategy=model_parallel: the recipe shards each block and the root (FSDP2) over 2 CPU
+    # processes (gloo), with the callback trying and verifying the whole model on the shards.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "recipes", "configs/gpt_tiny.yaml", "trainer.strategy=model_parallel", "trainer.devices=2",
+         "trainer.accelerator=cpu", "trainer.max_steps=60", f"run_dir={tmp_path}", "callback.backend=eager",
+         "callback.eager_baseline_steps=4", "callback.trial_steps=4", "callback.warmup_steps=1"],
+        capture_output=True, text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(next(tmp_path.rglob("compile_report.json")).read_text())
+    assert len(report["ranks"]) == 2
+    whole = [d for d in report["decisions"] if d["region"] == "model"]
+    assert whole and whole[0]["verified"] is True, report["decisions"]
+
+
+def test_model_parallel_is_refused_where_it_cannot_run():
+    from recipes.config import ConfigError, load_config
+    from recipes.train import build_strategy
+
+    with pytest.raises(ConfigError, match="trainer.devices=<count>"):
+        build_strategy(load_config("configs/gpt_tiny.yaml", ["trainer.strategy=model_parallel", "trainer.devices=auto"]))
+    with pytest.raises(ConfigError, match="does not shard itself"):
+        build_strategy(load_config("configs/cv_tiny.yaml", ["trainer.strategy=model_parallel", "trainer.devices=2"]))
+    assert build_strategy(load_config("configs/gpt_tiny.yaml", [])) == "auto"
