@@ -32,7 +32,7 @@ from compile_callback.regions import (
     revert_region,
     uses_cuda_graphs,
 )
-from compile_callback.report import Decision
+from compile_callback.report import Decision, cache_state
 from compile_callback.timing import disturbed, lower_quartile, median_noise, paired_speedup
 from compile_callback.verify import VerificationResult, cuda_devices, in_host_memory, release_device_memory, verify_module
 
@@ -486,7 +486,7 @@ class AutoPlanner(_CompilesRegions):
         self._last_failure = ""
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
-        compile_before = self._compile_seconds(candidate.region.name)
+        compile_before = self._compile_counts([candidate.region.name])
         verdict = self._verify(candidate.region)
         if verdict.passed:
             # Guarded only after verification, which must see a failing compile as a failure.
@@ -515,7 +515,7 @@ class AutoPlanner(_CompilesRegions):
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
         speedup, noise, low, threshold, keep = self._verdict(control, label)
-        compile_seconds = self._compile_seconds(candidate.region.name) - compile_before
+        compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])
         how = "between its own steps" if interleaved else "right before it" + _retimed(windows)
         if keep:
             self.regions.append(candidate.region)
@@ -531,7 +531,7 @@ class AutoPlanner(_CompilesRegions):
                 else "no steady steps could be timed"
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
-                     step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds,
+                     step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
                      max_rel_error=verdict.max_rel_error if self.verify else None, verified=self._verified(verdict))
         return trial_ms if keep else None
 
@@ -624,6 +624,8 @@ class AutoPlanner(_CompilesRegions):
         options = dataclasses.replace(self.options, mode="reduce-overhead")
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
+        names = [r.name for r in kept]  # the watch counts compiles by the kept regions' names
+        compile_before = self._compile_counts(names)
         compile_region(group, options)
         verdict = self._verify(group)
         label = "trial:reduce-overhead"
@@ -677,9 +679,11 @@ class AutoPlanner(_CompilesRegions):
             else:
                 reason = (f"CUDA graphs not faster: {speedup:.3f}x ({low:.3f}x by lower quartiles; threshold "
                           f"{threshold:.3f}x)" if speedup and low else "no steady steps could be timed")
+        compile_seconds, compile_cache = self._compiled_since(compile_before, names)
         self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
+                                       compile_seconds=compile_seconds or None, compile_cache=compile_cache,
                                        max_rel_error=verdict.max_rel_error if verdict.error is None else None,
                                        verified=self._verified(verdict)))
 
@@ -918,10 +922,16 @@ class AutoPlanner(_CompilesRegions):
         return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
                 f"{verdict.where}; tolerance {verdict.tolerance:.0e}")
 
-    def _compile_seconds(self, region_name: str) -> float:
+    def _compile_counts(self, region_names: list[str]) -> tuple[float, int, int]:
+        """Compile seconds and FX-graph cache hits and misses the watch has counted for these regions."""
         self.watch.collect()
-        stats = self.watch.stats.get(region_name)
-        return stats.compile_seconds if stats is not None else 0.0
+        stats = [self.watch.stats[name] for name in region_names if name in self.watch.stats]
+        return (sum(s.compile_seconds for s in stats), sum(s.cache_hits for s in stats), sum(s.cache_misses for s in stats))
+
+    def _compiled_since(self, before: tuple[float, int, int], region_names: list[str]) -> tuple[float, str | None]:
+        """A trial's compile seconds and whether they came from the cache (:func:`report.cache_state`)."""
+        seconds, hits, misses = (now - then for now, then in zip(self._compile_counts(region_names), before))
+        return seconds, cache_state(int(hits), int(misses))
 
     def _decide(self, candidate: Candidate, options: CompileOptions, *, kept: bool, reason: str, **numbers: Any) -> None:
         self.decisions.append(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],

@@ -13,6 +13,24 @@ import torch
 REPORT_FILE = "compile_report.json"
 
 
+def _cache_word(state: str | None) -> str:
+    """The text table's one word for :func:`cache_state` (the Markdown and JSON have it whole)."""
+    return "-" if not state else "part" if state.startswith("partly") else state
+
+
+def cache_state(hits: int, misses: int) -> str | None:
+    """Whether a compile's graphs came from Inductor's FX-graph cache: ``"cold"`` (none did), ``"warm"``
+    (all did) or ``"partly warm (H of N graphs from the cache)"``; None where no graph went through the
+    cache (nothing compiled, or a backend other than Inductor)."""
+    if hits + misses == 0:
+        return None
+    if not hits:
+        return "cold"
+    if not misses:
+        return "warm"
+    return f"partly warm ({hits} of {hits + misses} graphs from the cache)"
+
+
 @dataclasses.dataclass
 class Decision:
     """One keep/revert decision about a region, with the numbers behind it."""
@@ -31,6 +49,7 @@ class Decision:
     speedup_noise: float | None = None  # relative standard error of ``speedup``
     max_rel_error: float | None = None
     verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
+    compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,13 +89,13 @@ def render_table(report: dict[str, Any]) -> str:
     ]
     decisions = report.get("decisions", [])
     if decisions:
-        header = f"  {'region':<24} {'mode':<16} {'kept':<5} {'speedup':>8} {'compile s':>9} {'max err':>9}  reason"
+        header = f"  {'region':<24} {'mode':<16} {'kept':<5} {'speedup':>8} {'compile s':>9} {'cache':<5} {'max err':>9}  reason"
         lines += [header, "  " + "-" * (len(header) + 10)]
         for item in decisions:
             lines.append(
                 f"  {item['region'][:24]:<24} {item['mode'][:16]:<16} {'yes' if item['kept'] else 'no':<5} "
                 f"{_fmt(item.get('speedup'), '.3f'):>8} {_fmt(item.get('compile_seconds'), '.1f'):>9} "
-                f"{_fmt(item.get('max_rel_error'), '.1e'):>9}  {item['reason']}"
+                f"{_cache_word(item.get('compile_cache')):<5} {_fmt(item.get('max_rel_error'), '.1e'):>9}  {item['reason']}"
             )
     regions = report.get("regions", {})
     if regions:
@@ -134,14 +153,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += [
             "### Decisions",
             "",
-            "| region | mode | kept | time share | speedup | compile s | max rel err | reason |",
-            "|---|---|---|---|---|---|---|---|",
+            "| region | mode | kept | time share | speedup | compile s | cache | max rel err | reason |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for item in report["decisions"]:
             out.append(
                 f"| `{item['region']}` | {item['mode']} | {'yes' if item['kept'] else 'no'} | "
                 f"{_fmt(item.get('time_share'), '.0%')} | {_fmt(item.get('speedup'), '.3f')} | "
-                f"{_fmt(item.get('compile_seconds'), '.1f')} | {_fmt(item.get('max_rel_error'), '.1e')} | {item['reason']} |"
+                f"{_fmt(item.get('compile_seconds'), '.1f')} | {item.get('compile_cache') or '-'} | "
+                f"{_fmt(item.get('max_rel_error'), '.1e')} | {item['reason']} |"
             )
         out.append("")
     if report.get("regions"):

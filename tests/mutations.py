@@ -212,6 +212,13 @@ MUTATIONS = [
         new="    return tensor\n",
         tests=("tests/test_sharded.py",),
     ),
+    Mutation(
+        name="a decision's compile cache state is read before the trial compiled anything",
+        path="compile_callback/planner.py",
+        old="        compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])\n",
+        new="        compile_seconds, compile_cache = self._compiled_since(self._compile_counts([candidate.region.name]), [candidate.region.name])\n",
+        tests=("tests/test_auto.py::test_each_decision_says_whether_its_compile_came_from_the_cache",),
+    ),
 ]
 
 

@@ -221,6 +221,31 @@ def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
     assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
 
 
+def test_each_decision_says_whether_its_compile_came_from_the_cache(tmp_path):
+    # The same trial twice with one Inductor cache: compiled the first time, read from the cache the
+    # second (the plan file removed in between, so the second fit searches again instead of loading it).
+    cache = tmp_path / "cache"
+
+    def run(path):
+        torch._dynamo.reset()
+        callback = auto(backend="inductor", cache_dir=str(cache), eager_baseline_steps=4, max_trials=1)
+        trainer = make_trainer(path, [callback], max_epochs=3)
+        trainer.fit(Elementwise(), loader(batch_size=8))
+        return callback.last_report
+
+    cold = run(tmp_path / "cold")
+    for plan in cache.glob("compile_plan-*.json"):
+        plan.unlink()
+    warm = run(tmp_path / "warm")
+    assert [d["compile_cache"] for d in cold["decisions"]] == ["cold"], cold["decisions"]
+    assert [d["compile_cache"] for d in warm["decisions"]] == ["warm"], warm["decisions"]
+    assert not any(note.startswith("plan loaded from") for note in warm["plan"]["notes"])
+    from compile_callback.report import cache_state, render_table
+
+    assert " warm " in render_table(warm)
+    assert cache_state(0, 0) is None and cache_state(1, 3) == "partly warm (1 of 4 graphs from the cache)"
+
+
 def test_corrupt_plan_cache_is_ignored_with_a_warning_and_rebuilt(tmp_path):
     first = auto(backend="eager", cache_dir=str(tmp_path / "cache"), max_trials=1)
     make_trainer(tmp_path / "a", [first], max_epochs=3).fit(TinyModel(), loader(batch_size=8))
