@@ -994,8 +994,16 @@ class AutoPlanner(_CompilesRegions):
         self._script = self._frozen()
 
     def _frozen(self) -> Iterator[str | None]:
+        """A loaded plan's script: compiled from the start. Once its first batches have compiled it, each
+        kept decision's ``compile_cache`` says how this fit's compile went (a warm restart: ``warm``);
+        the rest of a loaded decision is the search that made it."""
         for _ in range(self.warmup_steps):
             yield WARMUP
+        yield COMPILED
+        for decision in self.decisions:
+            if decision.kept:
+                _, hits, misses = self._compile_counts(decision.region.split("+"))
+                decision.compile_cache = cache_state(hits, misses)
         while True:
             yield COMPILED
 

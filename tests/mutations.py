@@ -217,7 +217,14 @@ MUTATIONS = [
         path="compile_callback/planner.py",
         old="        compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])\n",
         new="        compile_seconds, compile_cache = self._compiled_since(self._compile_counts([candidate.region.name]), [candidate.region.name])\n",
-        tests=("tests/test_auto.py::test_each_decision_says_whether_its_compile_came_from_the_cache",),
+        tests=("tests/test_auto.py::test_warm_restart_skips_trials_and_compiles_faster",),
+    ),
+    Mutation(
+        name="a loaded plan's decisions keep the cache state of the fit that made them",
+        path="compile_callback/planner.py",
+        old="                decision.compile_cache = cache_state(hits, misses)\n",
+        new="                pass\n",
+        tests=("tests/test_auto.py::test_warm_restart_skips_trials_and_compiles_faster",),
     ),
 ]
 

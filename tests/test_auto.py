@@ -215,35 +215,17 @@ def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
 
     cold = run(tmp_path / "cold")
     warm = run(tmp_path / "warm")
-    assert warm["decisions"] == cold["decisions"]
+    # The same decisions, each saying how its fit's compile went: from scratch, then from the cache.
+    assert [d["compile_cache"] for d in cold["decisions"] if d["kept"]] == ["cold"], cold["decisions"]
+    assert [d["compile_cache"] for d in warm["decisions"] if d["kept"]] == ["warm"], warm["decisions"]
+    assert [{**d, "compile_cache": None} for d in warm["decisions"]] == [{**d, "compile_cache": None} for d in cold["decisions"]]
     assert any(note.startswith("plan loaded from") for note in warm["plan"]["notes"])
-    assert warm["anatomy"]["cache_hit_rate"] > 0 and not cold["anatomy"]["cache_hit_rate"], (cold["anatomy"], warm["anatomy"])
-    assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
-
-
-def test_each_decision_says_whether_its_compile_came_from_the_cache(tmp_path):
-    # The same trial twice with one Inductor cache: compiled the first time, read from the cache the
-    # second (the plan file removed in between, so the second fit searches again instead of loading it).
-    cache = tmp_path / "cache"
-
-    def run(path):
-        torch._dynamo.reset()
-        callback = auto(backend="inductor", cache_dir=str(cache), eager_baseline_steps=4, max_trials=1)
-        trainer = make_trainer(path, [callback], max_epochs=3)
-        trainer.fit(Elementwise(), loader(batch_size=8))
-        return callback.last_report
-
-    cold = run(tmp_path / "cold")
-    for plan in cache.glob("compile_plan-*.json"):
-        plan.unlink()
-    warm = run(tmp_path / "warm")
-    assert [d["compile_cache"] for d in cold["decisions"]] == ["cold"], cold["decisions"]
-    assert [d["compile_cache"] for d in warm["decisions"]] == ["warm"], warm["decisions"]
-    assert not any(note.startswith("plan loaded from") for note in warm["plan"]["notes"])
     from compile_callback.report import cache_state, render_table
 
     assert " warm " in render_table(warm)
     assert cache_state(0, 0) is None and cache_state(1, 3) == "partly warm (1 of 4 graphs from the cache)"
+    assert warm["anatomy"]["cache_hit_rate"] > 0 and not cold["anatomy"]["cache_hit_rate"], (cold["anatomy"], warm["anatomy"])
+    assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
 
 
 def test_corrupt_plan_cache_is_ignored_with_a_warning_and_rebuilt(tmp_path):

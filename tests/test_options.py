@@ -168,7 +168,7 @@ def test_the_report_table_is_printed_at_the_end_of_fit(tmp_path, lightning_stder
     lines = printed[printed.index("compile report"):].splitlines()
     summary = callback.last_report["summary"]
     assert lines[1].startswith("  speedup ") and f"graphs {summary['graphs']}  " in lines[1], lines[1]
-    assert lines[2].split() == ["region", "mode", "kept", "speedup", "compile", "s", "max", "err", "reason"]
+    assert lines[2].split() == ["region", "mode", "kept", "speedup", "compile", "s", "cache", "max", "err", "reason"]
     assert set(lines[3].strip()) == {"-"}
     row = lines[4]  # the one decision
     assert row.split()[:3] == ["head", "default", "yes"] and row.endswith("named in regions="), row
