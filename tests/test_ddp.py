@@ -75,41 +75,6 @@ def test_ranks_agree_on_every_decision(tmp_path):
     assert rank0["head_weight_sum"] == pytest.approx(rank1["head_weight_sum"])
 
 
-class RecordCounts(Callback):
-    """Each rank's dynamo counts and the model's own forward calls, written at the end of fit."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-
-    def on_fit_end(self, trainer, pl_module):
-        compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
-        summary = compile_callback.last_report["summary"]
-        record = {key: summary[key] for key in ("graphs", "graph_breaks", "recompiles", "eager_fallbacks")}
-        record["compiled"] = torch_internals.is_module_compiled(pl_module)
-        record["batches_seen"] = pl_module.batches_seen
-        with open(f"{self.directory}/counts{trainer.global_rank}.json", "w") as handle:
-            json.dump(record, handle)
-
-
-@pytest.mark.slow
-def test_whole_model_compiles_under_ddp_without_tracing_the_rerouted_step(tmp_path):
-    """Lightning's DDP calls training_step through the LightningModule's forward (a patched ``forward``).
-    A compiled root runs that rerouting call eagerly and compiles only the model's own forward inside it:
-    one graph, no graph break from ``self.log``, no recompile per step for the patched forward."""
-    callback = CompileCallback("model", backend="eager", report=True)
-    trainer = make_trainer(
-        tmp_path, [callback, RecordCounts(str(tmp_path))], accelerator="cpu", devices=2, strategy="ddp_spawn",
-        max_epochs=2,
-    )
-    trainer.fit(TinyModel(), loader(batch_size=4))
-    for rank in (0, 1):
-        counts = json.loads((tmp_path / f"counts{rank}.json").read_text())
-        assert counts["compiled"], counts
-        assert counts["graphs"] == 1 and counts["graph_breaks"] == 0 and counts["recompiles"] == 0, counts
-        assert counts["eager_fallbacks"] == 0, counts
-        assert counts["batches_seen"] == 2 * 96 // 2 // 4, counts  # each rank: 2 epochs of its 48 samples
-
-
 def parameter_checksum(module) -> list[float]:
     """The float64 sum and sum of squares of every parameter: equal on every rank of a DDP run."""
     with torch.no_grad():
@@ -136,7 +101,8 @@ class RecordReport(Callback):
         report = compile_callback.last_report
         record = {"ranks": report["ranks"], "summary": report["summary"], "notes": report["plan"]["notes"],
                   "graph_break_reasons": report["graph_break_reasons"], "churn_actions": report["churn_actions"],
-                  "parameters": parameter_checksum(pl_module)}
+                  "parameters": parameter_checksum(pl_module),
+                  "compiled": torch_internals.is_module_compiled(pl_module), "batches_seen": pl_module.batches_seen}
         if trainer.global_rank == 0:
             with open(f"{self.directory}/report.md", "w") as handle:
                 handle.write(render_markdown(report))
@@ -148,7 +114,10 @@ class RecordReport(Callback):
 def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     """Every rank's counts are gathered into the report; DDPOptimizer's split of the graph at DDP's
     gradient buckets (1 MiB buckets, the smallest it takes, and 1 MiB blocks: a bucket a block) is
-    told apart from graph breaks."""
+    told apart from graph breaks. And the whole model compiles under DDP without tracing the rerouted
+    step: Lightning's DDP calls training_step through the LightningModule's forward (a patched
+    ``forward``); a compiled root runs that call eagerly and compiles only the model's own forward
+    inside it: one graph, no graph break from ``self.log``, no recompile per step."""
     from lightning.pytorch.strategies import DDPStrategy
 
     callback = CompileCallback("model", backend="aot_eager", report=True)
@@ -168,6 +137,9 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     eager.fit(TinyModel(width=512), loader(batch_size=4))
     expected = json.loads((tmp_path / "eager" / "parameters0.json").read_text())
     assert reports[0]["parameters"] == pytest.approx(expected, rel=1e-6, abs=1e-6 * math.sqrt(expected[1]))
+    for report in reports:
+        assert report["compiled"] and report["summary"]["eager_fallbacks"] == 0, report["summary"]
+        assert report["batches_seen"] == 2 * 96 // 2 // 4  # each rank: 2 epochs of its 48 samples
     ranks = reports[0]["ranks"]
     assert reports[1]["ranks"] == ranks and [r["rank"] for r in ranks] == [0, 1]
     for row in ranks:

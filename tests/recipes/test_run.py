@@ -123,12 +123,15 @@ def test_gpt_recipe_trains_sharded_with_fsdp2(tmp_path, monkeypatch):
         "trainer.strategy=model_parallel", "trainer.devices=1", "trainer.accelerator=cpu", "trainer.max_steps=40",
         f"run_dir={tmp_path}", "callback.backend=eager", "callback.eager_baseline_steps=4", "callback.trial_steps=4",
         "callback.warmup_steps=1", "trainer.enable_checkpointing=false", "trainer.limit_val_batches=0"]
+    environment = dict(os.environ)  # the strategy sets MASTER_PORT & co.: later fits must pick their own
     try:
         result = run(config_path("gpt_tiny"), overrides)
         assert dist.is_initialized()  # the strategy's own process group
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
     report = json.loads(next(tmp_path.rglob("compile_report.json")).read_text())
     whole = [d for d in report["decisions"] if d["region"] == "model"]
     assert whole and whole[0]["verified"] is True, report["decisions"]
