@@ -753,15 +753,15 @@ class AutoPlanner(_CompilesRegions):
         candidates, cold or not)."""
         hot = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in candidates if not c.cold]
         costs, batches = self._costs(), self._batches_left()
-        order, note = self.agree(payback_order(hot, costs, step_ms=self.eager_ms, batches=batches))
-        if note:
-            self.notes.append(note)
-        self.weighed = [  # what the order weighed, in the report (rank 0's figures on every rank)
+        weighed = [  # what the order weighed, in the report
             {"region": c.name, "share": round(c.share, 4), "units": c.units, "compile_s_estimate": costs.seconds(c.units),
              "saving_s_estimate": saving_seconds(c.share, self.eager_ms, batches) if self.eager_ms else None}
             for c in hot
         ]
-        self.weighed = self.agree(self.weighed)
+        # One broadcast: rank 0's order, note and figures on every rank.
+        order, note, self.weighed = self.agree((*payback_order(hot, costs, step_ms=self.eager_ms, batches=batches), weighed))
+        if note:
+            self.notes.append(note)
         by_name = {c.name: c for c in candidates}
         return [by_name[name] for name in order]
 
