@@ -10,7 +10,10 @@ setup, the backward graph, Inductor's codegen). The seconds per unit come from t
 this run; before the first one, from a prior measured for Inductor on the H200 (the two GPT-2 figures
 above fit ``0.15 s x (12 + units)``; ResNet-50's whole model, 126 leaves, took 21-30 s). Other backends
 get no prior: their costs are unknown until one compile has been timed, so nothing is reordered for them
-before that.
+before that. A compile served from the FX-graph cache says how fast *cached* code loads, not what a
+region never compiled on this machine costs (on the H200 GPT-2's blocks loaded in 1.1 s warm, and the
+whole model priced at that rate, ~6.5 s, then compiled cold in 21.5 s): candidates are priced as cold
+compiles, from this run's cold compiles, else from the prior, a warm rate only raising neither.
 
 The expected saving is the optimistic one the planner already uses for skipping: a quarter of the
 candidate's share of the step. The whole model is tried first (one graph is usually fastest) unless the
@@ -28,6 +31,10 @@ from torch import nn
 FIXED_UNITS = 12  # what every compile pays, in leaf-module units (GPT-2: 3.4 s for a 10-leaf block, 21 s for 125 leaves)
 PRIOR_SECONDS_PER_UNIT = {"inductor": 0.15}  # cold Inductor, H200, torch 2.11; see the module docstring
 SAVED_SHARE = 0.25  # optimistic: compiling saves a quarter of the candidate's share of the step
+# Optimistic for CUDA graphs on a launch-bound step, where they remove the host's launches: half of the kept
+# regions' share (H200: ResNet-18 CIFAR's whole model 3.2x eager with graphs, GPT-2's blocks 1.01-1.02x over
+# default mode).
+GRAPH_SAVED_SHARE = 0.5
 
 
 def compile_units(modules: Sequence[nn.Module], *, repeated: bool) -> int:
@@ -38,26 +45,46 @@ def compile_units(modules: Sequence[nn.Module], *, repeated: bool) -> int:
 
 @dataclasses.dataclass
 class CompileCosts:
-    """Compile seconds per unit: measured in this run where any compile was, else the backend's prior."""
+    """Seconds per unit of a cold compile: measured in this run where a cold compile was, else the
+    backend's prior; compiles from a warm cache only stand in where neither exists."""
 
     backend: str
-    measured: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (units, seconds)
+    measured: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # cold: (units, seconds)
+    warm: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # served (partly) from the cache
 
-    def observe(self, units: int, seconds: float) -> None:
+    def observe(self, units: int, seconds: float, *, cold: bool = True) -> None:
         if seconds > 0:
-            self.measured.append((units, seconds))
+            (self.measured if cold else self.warm).append((units, seconds))
+
+    @staticmethod
+    def _rate_of(compiles: list[tuple[int, float]]) -> float:
+        return sum(s for _, s in compiles) / sum(FIXED_UNITS + u for u, _ in compiles)
 
     @property
     def rate(self) -> float | None:
-        """Seconds per unit (``FIXED_UNITS`` included), None when neither a measurement nor a prior exists."""
+        """Seconds per unit (``FIXED_UNITS`` included), None when no compile was measured and no prior exists."""
         if self.measured:
-            return sum(s for _, s in self.measured) / sum(FIXED_UNITS + u for u, _ in self.measured)
-        return PRIOR_SECONDS_PER_UNIT.get(self.backend)
+            return self._rate_of(self.measured)
+        prior = PRIOR_SECONDS_PER_UNIT.get(self.backend)
+        if self.warm:  # a lower bound for a cold compile
+            return max(prior or 0.0, self._rate_of(self.warm))
+        return prior
+
+    @property
+    def known(self) -> bool:
+        """Whether this run has timed any compile (a machine whose compiles were seen, cold or warm)."""
+        return bool(self.measured or self.warm)
 
     @property
     def source(self) -> str:
         if self.measured:
-            return f"from the {len(self.measured)} compile(s) measured in this run"
+            return f"from the {len(self.measured)} cold compile(s) measured in this run"
+        prior = PRIOR_SECONDS_PER_UNIT.get(self.backend)
+        if self.warm and prior is not None and prior >= self._rate_of(self.warm):
+            return (f"from the prior for {self.backend}: this run's {len(self.warm)} compile(s) came from the "
+                    f"cache, faster than a cold one")
+        if self.warm:
+            return f"from the {len(self.warm)} compile(s) measured in this run, served from the cache: a lower bound"
         return f"from the prior for {self.backend} (no compile measured yet)"
 
     def seconds(self, units: int) -> float | None:
@@ -110,3 +137,19 @@ def payback_order(candidates: Sequence[Priced], costs: CompileCosts, *, step_ms:
             f"{costs.source}) cannot repay over the {batches} batches left (saves ~"
             f"{saving_seconds(w.share, step_ms, batches):.1f} s); tried first: {', '.join(first)}")
     return order, note
+
+
+def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
+                       batches: int) -> str | None:
+    """Why the CUDA-graph trial of the ``kept`` regions cannot repay recompiling them over ``batches``
+    (``reduce-overhead`` compiles its own graphs: on the H200 GPT-2's cold ones took 25.7 s after the
+    default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known."""
+    cost = costs.seconds(sum(c.units for c in kept)) if costs.known else None
+    if cost is None or not step_ms:
+        return None
+    share = min(1.0, sum(c.share for c in kept))
+    saving = GRAPH_SAVED_SHARE * share * step_ms / 1e3 * max(batches, 0)
+    if saving >= cost:
+        return None
+    return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s, "
+            f"recompiling the kept regions for it costs ~{cost:.1f} s (estimated {costs.source})")

@@ -19,7 +19,9 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.memory import graph_pool_misfit
-from compile_callback.payback import CompileCosts, Priced, compile_units, payback_order, saving_seconds
+from compile_callback.payback import (
+    CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds,
+)
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
     MODEL,
@@ -34,7 +36,9 @@ from compile_callback.regions import (
 )
 from compile_callback.report import Decision, cache_state
 from compile_callback.timing import disturbed, lower_quartile, median_noise, paired_speedup
-from compile_callback.verify import VerificationResult, cuda_devices, in_host_memory, release_device_memory, verify_module
+from compile_callback.verify import (
+    VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory, verify_module,
+)
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
@@ -455,15 +459,18 @@ class AutoPlanner(_CompilesRegions):
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
-            if self.agree(remaining > 0):
+            unpaid = self._graphs_unpaid(current_ms, remaining)
+            go, unpaid = self.agree((remaining > 0 and unpaid is None, unpaid))  # rank 0's, as every choice
+            if go:
                 trials += 1
                 yield from self._mode_trial(current_ms)
             else:
-                self.notes.append("reduce-overhead (CUDA graphs) not tried: the run ends before its trial could finish")
+                self.notes.append(unpaid or "reduce-overhead (CUDA graphs) not tried: the run ends before its trial could finish")
         elif self.options.mode is None and self.device.type != "cuda":
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the model runs on CPU")
         elif self.options.mode is None and self.regions and self.launch_bound is False:
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the step is not launch-bound")
+        release_host_memory()  # verification's pinned copies: the search is over
         self.frozen = True
         self.coverage = self._coverage()
         while True:
@@ -770,15 +777,23 @@ class AutoPlanner(_CompilesRegions):
         trial = self._trial_batches(candidate) if candidate is not None else 0
         return self.remaining_batches() - (self.warmup_steps + trial)
 
+    def _graphs_unpaid(self, current_ms: float | None, remaining: int) -> str | None:
+        """Why the CUDA-graph trial of the kept regions cannot repay its compile (:func:`payback.graph_trial_unpaid`)."""
+        by_name = {c.name: c for c in self._all_candidates}
+        kept = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in (by_name.get(r.name) for r in self._kept) if c]
+        return graph_trial_unpaid(kept, self._costs(), step_ms=current_ms, batches=remaining) if kept else None
+
     def _costs(self) -> CompileCosts:
-        """Compile seconds per unit: from this run's decisions (a region's first), else the backend's prior."""
+        """Compile seconds per unit: from this run's decisions (a region's first; cold ones price a cold
+        compile, warm ones only bound it), else the backend's prior."""
         costs = CompileCosts(backend_name(self.options.backend))
         units = {c.name: c.units for c in self._all_candidates}
         seen: set[str] = set()
         for decision in self.decisions:
             if decision.compile_seconds and decision.region in units and decision.region not in seen:
                 seen.add(decision.region)
-                costs.observe(units[decision.region], decision.compile_seconds)
+                cold = decision.compile_cache in (None, "cold")  # None: a backend without Inductor's cache
+                costs.observe(units[decision.region], decision.compile_seconds, cold=cold)
         return costs
 
     def _fit_trials_to_shapes(self, shapes: int, steps: int) -> None:
@@ -854,7 +869,7 @@ class AutoPlanner(_CompilesRegions):
         reason = None
         if remaining <= 0:
             reason = "skipped: the run ends before a trial could finish"
-        elif costs.measured and current_ms:
+        elif costs.known and current_ms:
             estimate = costs.seconds(candidate.units) or 0.0
             saving_s = saving_seconds(candidate.share, current_ms, remaining)
             if saving_s < estimate:

@@ -60,22 +60,23 @@ def _chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tensor.detach().reshape(-1).split(CHUNK)
 
 
-def _difference(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, bool]:
-    """``(||actual - expected||, ||expected||, agree)`` over the finite entries, in float32 chunks on the
-    tensors' device (``expected`` may sit in host memory: see :func:`_offload`); ``agree`` is False on a
-    shape or NaN/inf pattern mismatch."""
+def _difference(actual: torch.Tensor, expected: torch.Tensor, device: torch.device) -> tuple[float, float, bool]:
+    """``(||actual - expected||, ||expected||, agree)`` over the finite entries, in float32 chunks on
+    ``device`` (either tensor may sit in host memory: see :func:`_offload`), summed there and read once;
+    ``agree`` is False on a shape or NaN/inf pattern mismatch."""
     if actual.shape != expected.shape:
         return float("inf"), 0.0, False
-    device = actual.device if actual.device.type == "cuda" else expected.device
-    diff = scale = 0.0
+    sums = torch.zeros(3, device=device, dtype=torch.float64)  # squared difference, squared scale, mismatches
     for a, e in zip(_chunks(actual), _chunks(expected)):
-        a, e = a.to(device).float(), e.to(device).float()
+        a, e = a.to(device, non_blocking=True).float(), e.to(device, non_blocking=True).float()
         finite = torch.isfinite(e)
-        if not torch.equal(torch.isfinite(a), finite):
-            return float("inf"), 0.0, False
-        a, e = a[finite], e[finite]
-        diff += float(torch.linalg.vector_norm(a - e)) ** 2
-        scale += float(torch.linalg.vector_norm(e)) ** 2
+        sums[2] += (torch.isfinite(a) != finite).sum()
+        a, e = torch.where(finite, a, 0.0), torch.where(finite, e, 0.0)
+        sums[0] += torch.linalg.vector_norm(a - e).double() ** 2
+        sums[1] += torch.linalg.vector_norm(e).double() ** 2
+    diff, scale, mismatches = sums.tolist()
+    if mismatches:
+        return float("inf"), 0.0, False
     return diff**0.5, scale**0.5, True
 
 
@@ -95,9 +96,10 @@ class TensorError:
         return self.name
 
 
-def _errors(names: list[str], actual: list[torch.Tensor], expected: list[torch.Tensor]) -> list[TensorError]:
-    """Per-tensor errors of ``actual`` against ``expected``, each floored at its kind's scale."""
-    found = [_difference(a, e) for a, e in zip(actual, expected)]
+def _errors(names: list[str], actual: list[torch.Tensor], expected: list[torch.Tensor],
+            device: torch.device) -> list[TensorError]:
+    """Per-tensor errors of ``actual`` against ``expected`` (compared on ``device``), each floored at its kind's scale."""
+    found = [_difference(a, e, device) for a, e in zip(actual, expected)]
     kinds = ["output" if name == "output" else "grad" for name in names]
     rms: dict[str, float] = {}
     for kind in set(kinds):
@@ -118,8 +120,25 @@ def _errors(names: list[str], actual: list[torch.Tensor], expected: list[torch.T
 
 def _offload(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Moves a run's results to host memory, so verification never holds two runs' outputs and gradients
-    on the GPU (GPT-2's logits alone are 0.8 GB in bf16, 1.6 GB in fp32): its peak is one run's."""
-    return [t.to("cpu") if t.device.type == "cuda" else t for t in tensors]
+    on the GPU (GPT-2's logits alone are 0.8 GB in bf16, 1.6 GB in fp32): its peak is one run's. The
+    copies go to pinned memory without waiting (on the H200 pageable ones made 3.7 s of a whole-model
+    GPT-2 trial's stall); their values are read back in stream order by :func:`_difference`'s uploads,
+    never by the host."""
+    return [_to_host(t) if t.device.type == "cuda" else t for t in tensors]
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+def release_host_memory() -> None:
+    """Gives the pinned host memory that verification's copies left in torch's cache back to the system
+    (where this torch has ``torch.accelerator.empty_host_cache``)."""
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    if empty is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        empty()
 
 
 def _run(
@@ -184,15 +203,16 @@ def in_host_memory(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     parked: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
     try:
         for storage in storages.values():
-            host = torch.empty(storage.nbytes(), dtype=torch.uint8)
-            host.copy_(_bytes(storage))
+            # Pinned, without waiting: the freed device block is reused only by work queued after the copy.
+            host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+            host.copy_(_bytes(storage), non_blocking=True)
             storage.resize_(0)
             parked.append((storage, host))
         yield
     finally:
         for storage, host in parked:
             storage.resize_(host.numel())
-            _bytes(storage).copy_(host)
+            _bytes(storage).copy_(host, non_blocking=True)
 
 
 def optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:
@@ -271,7 +291,8 @@ def verify_module(
         finally:
             restore_buffers()
 
-    device_type = next((p.device.type for p in module.parameters()), "cpu")
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))  # where results are compared
+    device_type = device.type
     # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so
     # the two runs compare. It is also part of Inductor's cache key, so it is only turned on for
     # regions that draw random numbers (active dropout): elsewhere the graph verified here is the
@@ -288,7 +309,7 @@ def verify_module(
 
         def compare_outputs(outputs: list[torch.Tensor]) -> None:  # on the device, before the backward
             if len(outputs) == len(eager_outputs):
-                output_errors.extend(_errors(["output"] * len(outputs), outputs, eager_outputs))
+                output_errors.extend(_errors(["output"] * len(outputs), outputs, eager_outputs, device))
             if reduced:  # kept for an fp32 reference, should one be needed
                 compiled_outputs.extend(_offload(outputs))
 
@@ -313,7 +334,7 @@ def verify_module(
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
         grad_labels = [names[i] if i < len(names) else "grad of input" for i in range(len(compiled_grads))]
         labels = ["output"] * count + grad_labels
-        errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads)
+        errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads, device)
         worst = max(errors, key=lambda e: (e.error != e.error, e.error), default=TensorError("output", 0.0, 0.0, False))
         failing = [e for e in errors if not e.error <= limit]
         if not failing:
@@ -335,8 +356,8 @@ def verify_module(
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
         reference = reference_outputs + reference_grads
-    eager_off = _errors(labels, eager_all, reference)
-    compiled_off = _errors(labels, compiled_all, reference)
+    eager_off = _errors(labels, eager_all, reference, device)
+    compiled_off = _errors(labels, compiled_all, reference, device)
     for eager_error, compiled_error in zip(eager_off, compiled_off):
         allowed = REDUCED_PRECISION_SLACK * eager_error.error + REDUCED_PRECISION_FLOOR
         if not compiled_error.error <= allowed:

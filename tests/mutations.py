@@ -194,8 +194,22 @@ MUTATIONS = [
     Mutation(
         name="skipping prices a candidate by the prior, not only by compiles measured in the run",
         path="compile_callback/planner.py",
-        old="        elif costs.measured and current_ms:\n",
+        old="        elif costs.known and current_ms:\n",
         new="        elif current_ms and costs.rate is not None:\n",
+        tests=("tests/test_payback.py",),
+    ),
+    Mutation(
+        name="a compile from a warm cache prices a cold one",
+        path="compile_callback/payback.py",
+        old="            return max(prior or 0.0, self._rate_of(self.warm))\n",
+        new="            return self._rate_of(self.warm)\n",
+        tests=("tests/test_payback.py",),
+    ),
+    Mutation(
+        name="the CUDA-graph trial is tried however little the batches left could save",
+        path="compile_callback/payback.py",
+        old="    if saving >= cost:\n",
+        new="    if True:\n",
         tests=("tests/test_payback.py",),
     ),
     Mutation(

@@ -56,16 +56,76 @@ class ManySmallOps(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
 
 
+class StopWhenPlanned(L.Callback):
+    """Ends a long planned run once the plan is frozen: the planner prices its trials against the
+    planned batches, the test need not run them."""
+
+    def __init__(self, callback: CompileCallback) -> None:
+        self.callback = callback
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.callback.run is not None and self.callback.run.planner.frozen:
+            trainer.should_stop = True
+
+
 def test_auto_on_cuda_keeps_a_faster_plan_and_tries_cuda_graphs(tmp_path):
     callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15, log_every_n_steps=10)
     model = ManySmallOps()
-    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=20)
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], accelerator="cuda", max_epochs=-1,
+                           max_steps=200_000)
     trainer.fit(model, loader(batch_size=8))
     report = callback.last_report
     assert report["plan"]["launch_bound"] is True, report["plan"]
     modes = [d["mode"] for d in report["decisions"]]
     assert "reduce-overhead" in modes, report["decisions"]
     assert report["summary"]["speedup"] > 1.0, report["summary"]
+
+
+class Pointwise(nn.Module):
+    """A block of thirty elementwise ops: eager launches each, a default-mode compile fuses them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x):
+        x = self.linear(x)
+        for _ in range(30):
+            x = torch.sin(x) * 0.9 + 0.1
+        return x
+
+
+class BlocksOnly(L.LightningModule):
+    """Blocks called from ``training_step`` without ``forward``: no whole-model candidate, so the blocks
+    are tried in default mode first (and kept: fusing saves most launches) and CUDA graphs only after
+    them, as the kept plan's mode trial."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Pointwise() for _ in range(4)])
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        x = x.repeat(1, 4)
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
+
+
+def test_a_short_run_tries_no_cuda_graphs_it_cannot_repay(tmp_path):
+    # 240 batches of a few milliseconds cannot repay recompiling the kept blocks for CUDA graphs.
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15)
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=20)
+    trainer.fit(BlocksOnly(), loader(batch_size=8))
+    report = callback.last_report
+    assert report["plan"]["launch_bound"] is True, report["plan"]
+    assert any(d["kept"] and d["mode"] == "default" for d in report["decisions"]), report["decisions"]
+    assert "reduce-overhead" not in [d["mode"] for d in report["decisions"]], report["decisions"]
+    assert any(n.startswith("reduce-overhead (CUDA graphs) not tried: the ") and "batches left would save" in n
+               for n in report["plan"]["notes"]), report["plan"]["notes"]
 
 
 def test_bf16_verification_uses_the_bf16_tolerance(tmp_path):

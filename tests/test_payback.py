@@ -7,7 +7,7 @@ import pytest
 from torch import nn
 
 from compile_callback import CompileCallback, payback
-from compile_callback.payback import CompileCosts, Priced, compile_units, payback_order, saving_seconds
+from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds
 from compile_callback.regions import backend_name
 from tests.conftest import TinyModel, loader, make_trainer
 
@@ -36,7 +36,38 @@ def test_costs_come_from_the_run_once_measured_else_from_inductors_prior():
     measured.observe(10, 2.2)
     measured.observe(0, 0.0)  # a trial that compiled nothing tells nothing
     assert measured.rate == pytest.approx(2.2 / (payback.FIXED_UNITS + 10))
-    assert "1 compile(s) measured" in measured.source
+    assert "1 cold compile(s) measured" in measured.source
+
+
+def test_a_compile_from_the_cache_prices_no_cold_one():
+    # On the H200 GPT-2's blocks loaded from a warm cache in 1.1 s; priced at that rate the whole model
+    # read ~6.5 s and then compiled cold in 21.5 s. A warm compile only raises the estimate.
+    warm = CompileCosts("inductor")
+    warm.observe(9, 1.1, cold=False)
+    assert warm.known and warm.rate == pytest.approx(0.15)  # the prior: 1.1 s / 21 units is faster
+    assert "came from the cache" in warm.source
+    slow = CompileCosts("inductor")
+    slow.observe(9, 6.3, cold=False)  # even from the cache slower than the prior: the larger stands
+    assert slow.rate == pytest.approx(6.3 / (payback.FIXED_UNITS + 9)) and "lower bound" in slow.source
+    unknown = CompileCosts("eager")
+    unknown.observe(9, 1.1, cold=False)  # no prior: the warm rate is all there is
+    assert unknown.rate == pytest.approx(1.1 / (payback.FIXED_UNITS + 9))
+    both = CompileCosts("inductor")
+    both.observe(9, 1.1, cold=False)
+    both.observe(9, 10.5)
+    assert both.rate == pytest.approx(0.5) and "1 cold compile(s)" in both.source  # a cold compile prices
+
+
+def test_cuda_graphs_are_tried_only_where_recompiling_for_them_repays():
+    costs = CompileCosts("inductor")
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=866) is None  # nothing measured: tried
+    costs.observe(10, 1.1, cold=False)  # the blocks came from the cache: priced as a cold compile (0.15 s/unit)
+    # Blocks at 80% of a 38 ms step: half of that over 866 batches is ~13 s against ~3.3 s of compiling.
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=866) is None
+    note = graph_trial_unpaid([BLOCKS, WHOLE], costs, step_ms=38.0, batches=100)
+    assert note is not None and "the 100 batches left would save ~1.9 s" in note, note  # 0.5 x 38 ms x 100
+    assert f"~{costs.seconds(10 + 125):.1f} s" in note  # both regions recompile
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=None, batches=100) is None
 
 
 # GPT-2-like: the whole model (125 leaves) and a group of twelve 10-leaf blocks with 80% of the step.

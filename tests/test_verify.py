@@ -8,22 +8,24 @@ from compile_callback import CompileCallback
 from compile_callback.verify import _errors
 from tests.conftest import TinyModel, seeded_fit
 
+CPU = torch.device("cpu")
+
 
 def test_a_gradient_the_loss_barely_reaches_is_judged_against_its_kinds_scale():
     big = torch.randn(1000)
     tiny = torch.randn(1000) * 1e-9
     names = ["grad of big", "grad of tiny"]
     # 10% off relative to its own norm, but 1e-10 absolute where its siblings are ~1: not a disagreement.
-    errors = _errors(names, [big, tiny * 1.1], [big, tiny])
+    errors = _errors(names, [big, tiny * 1.1], [big, tiny], CPU)
     assert errors[1].absolute and errors[1].error < 1e-6, errors
     assert "reference norm" in errors[1].describe() and "grad of tiny" in errors[1].describe()
     # A meaningful gradient 1% off is judged by its own norm, and named.
-    errors = _errors(names, [big * 1.01, tiny], [big, tiny])
+    errors = _errors(names, [big * 1.01, tiny], [big, tiny], CPU)
     assert not errors[0].absolute and errors[0].error == pytest.approx(0.01, rel=1e-3)
     # A NaN where the reference is finite is a disagreement whatever the scale.
     broken = tiny.clone()
     broken[0] = float("nan")
-    assert _errors(names, [big, broken], [big, tiny])[1].error == float("inf")
+    assert _errors(names, [big, broken], [big, tiny], CPU)[1].error == float("inf")
 
 
 def _perturbed(gm, example_inputs):
