@@ -72,6 +72,11 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     return f"{value}{suffix}"
 
 
+# How the headline speedup was priced, where it is not simply eager over step (a plan priced by its trials
+# can read above the two medians beside it: they come from different stretches of the run).
+_PRICED = {"shape by shape": " (shapes priced one by one)", "trials": " (the product of its trials, each beside the plan before it)"}
+
+
 # The two renderings are long on purpose: each is the report's layout, top to bottom.
 def render_table(report: dict[str, Any]) -> str:
     """A plain-text table for the terminal, printed at the end of fit."""
@@ -79,7 +84,7 @@ def render_table(report: dict[str, Any]) -> str:
     lines = [
         "compile report",
         f"  speedup {_fmt(summary.get('speedup'), '.3f', 'x')}"
-        f"{' (shapes priced one by one)' if summary.get('speedup_priced') == 'shape by shape' else ''}"
+        f"{_PRICED.get(summary.get('speedup_priced'), '')}"
         f"  step {_fmt(summary.get('step_time_ms'), '.2f', ' ms')}"
         f"  eager {_fmt(summary.get('eager_step_time_ms'), '.2f', ' ms')}  compile time "
         f"{_fmt(summary.get('compile_time_s'), '.1f', ' s')} (training stalled {_fmt(summary.get('stall_s'), '.1f', ' s')})"

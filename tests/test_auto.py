@@ -223,6 +223,8 @@ def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
     from compile_callback.report import cache_state, render_table
 
     assert " warm " in render_table(warm)
+    assert warm["summary"]["speedup_priced"] == "trials"  # and the table says so beside the two medians
+    assert "(the product of its trials, each beside the plan before it)" in render_table(warm).splitlines()[1]
     assert cache_state(0, 0) is None and cache_state(1, 3) == "partly warm (1 of 4 graphs from the cache)"
     assert warm["anatomy"]["cache_hit_rate"] > 0 and not cold["anatomy"]["cache_hit_rate"], (cold["anatomy"], warm["anatomy"])
     assert warm["summary"]["compile_time_s"] < 0.75 * cold["summary"]["compile_time_s"], (cold["summary"], warm["summary"])
