@@ -92,9 +92,10 @@ class CompileCosts:
         return None if rate is None else rate * (FIXED_UNITS + units)
 
 
-def saving_seconds(share: float, step_ms: float, batches: int) -> float:
-    """What compiling a region of ``share`` of a ``step_ms`` step may save over ``batches`` batches."""
-    return SAVED_SHARE * share * step_ms / 1e3 * max(batches, 0)
+def saving_seconds(share: float, step_ms: float, batches: int, *, saved: float = SAVED_SHARE) -> float:
+    """What compiling a region of ``share`` of a ``step_ms`` step may save over ``batches`` batches,
+    ``saved`` of its share each batch."""
+    return saved * share * step_ms / 1e3 * max(batches, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +149,7 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     if cost is None or not step_ms:
         return None
     share = min(1.0, sum(c.share for c in kept))
-    saving = GRAPH_SAVED_SHARE * share * step_ms / 1e3 * max(batches, 0)
+    saving = saving_seconds(share, step_ms, batches, saved=GRAPH_SAVED_SHARE)
     if saving >= cost:
         return None
     return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s, "

@@ -273,6 +273,11 @@ class Candidate:
     def name(self) -> str:
         return self.region.name
 
+    @property
+    def priced(self) -> Priced:
+        """As the payback order prices it."""
+        return Priced(self.name, self.share, self.units, self.name == MODEL)
+
 
 class AutoPlanner(_CompilesRegions):
     """Profile, then compile candidates one at a time; keep each only if it verifies and measures faster.
@@ -758,7 +763,7 @@ class AutoPlanner(_CompilesRegions):
         whole model's compile while a part's they can (:func:`payback.payback_order`). Shares come from
         each rank's own timings, so rank 0's choice and order are every rank's (all ranks hold the same
         candidates, cold or not)."""
-        hot = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in candidates if not c.cold]
+        hot = [c.priced for c in candidates if not c.cold]
         costs, batches = self._costs(), self._batches_left()
         weighed = [  # what the order weighed, in the report
             {"region": c.name, "share": round(c.share, 4), "units": c.units, "compile_s_estimate": costs.seconds(c.units),
@@ -779,8 +784,8 @@ class AutoPlanner(_CompilesRegions):
 
     def _graphs_unpaid(self, current_ms: float | None, remaining: int) -> str | None:
         """Why the CUDA-graph trial of the kept regions cannot repay its compile (:func:`payback.graph_trial_unpaid`)."""
-        by_name = {c.name: c for c in self._all_candidates}
-        kept = [Priced(c.name, c.share, c.units, c.name == MODEL) for c in (by_name.get(r.name) for r in self._kept) if c]
+        kept_names = {r.name for r in self._kept}
+        kept = [c.priced for c in self._all_candidates if c.name in kept_names]
         return graph_trial_unpaid(kept, self._costs(), step_ms=current_ms, batches=remaining) if kept else None
 
     def _costs(self) -> CompileCosts:
