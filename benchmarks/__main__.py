@@ -111,8 +111,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cap this process's CUDA memory at GB GiB (torch.cuda.set_per_process_memory_fraction), as on a "
         "smaller or fuller card: an allocation past it raises OutOfMemoryError. CUDA only.",
     )
+    parser.add_argument(
+        "--in-fit-ab", type=int, default=None, metavar="BLOCKS",
+        help="after its steady window a callback variant (fixed shapes) runs BLOCKS blocks of "
+        "--in-fit-ab-steps steps, eager (torch.compiler.set_stance('force_eager')) and compiled in turn, ABBA: "
+        "an A/B inside one fit that the host's drift over the run does not bias, beside the A/B against the "
+        "eager variant (default 8, smoke 4; 0: none; a multiple of 4).",
+    )
+    parser.add_argument(
+        "--in-fit-ab-steps", type=int, default=None, metavar="STEPS",
+        help="steps per in-fit A/B block, the first 2 not counted (default 10, smoke 3).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.in_fit_ab is not None and (args.in_fit_ab < 0 or args.in_fit_ab % 4):
+        parser.error(f"--in-fit-ab must be 0 or a multiple of 4 (whole ABBA cycles); got {args.in_fit_ab}.")
+    if args.in_fit_ab_steps is not None and args.in_fit_ab_steps < 3:
+        parser.error(f"--in-fit-ab-steps must be at least 3 (the first 2 of a block are not counted); got {args.in_fit_ab_steps}.")
     if args.memory_cap_gb is not None and not (args.memory_cap_gb > 0 and math.isfinite(args.memory_cap_gb)):
         parser.error(f"--memory-cap-gb must be a positive number of GiB; got {args.memory_cap_gb}.")
     if args.trace_steps < 0:
@@ -176,7 +191,9 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
     # A callback variant whose plan froze later than the budget says (more trials, longer eager
     # windows) runs on until its steady window holds only frozen-plan steps, up to this many.
     longest = total + budget + measured if epoch_steps is None else total
-    planned = max(args.planned_steps or 5000, longest)
+    ab_blocks = args.in_fit_ab if args.in_fit_ab is not None else (4 if args.smoke else 8)
+    ab_steps = args.in_fit_ab_steps or (3 if args.smoke else 10)
+    planned = max(args.planned_steps or 5000, longest + ab_blocks * ab_steps)
     return RunSettings(
         device=device,
         smoke=args.smoke,
@@ -190,6 +207,8 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         trace_steps=args.trace_steps,
         trace_dir=out,
         longest_steps=longest,
+        in_fit_ab_blocks=ab_blocks if epoch_steps is None else 0,
+        in_fit_ab_block_steps=ab_steps,
     )
 
 
@@ -254,6 +273,7 @@ def new_result(
             "measured_steps": settings.measured_steps,
             "planned_steps": settings.planned_steps,
             "epoch_steps": settings.epoch_steps,
+            "in_fit_ab": {"blocks": settings.in_fit_ab_blocks, "block_steps": settings.in_fit_ab_block_steps},
             "batch_size": workload.batch_size,
             "flops_per_token": workload.flops_per_token,
             "peak_flops": settings.peak_flops,

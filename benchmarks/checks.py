@@ -3,7 +3,9 @@
 - **Telemetry error**: the callback's reported ``compile/speedup`` (its report's ``summary["speedup"]``)
   against the harness's A/B, the ``eager`` variant's steady median over the callback variant's, both
   timed by the harness's :class:`~benchmarks.measure.StepMeter`, never by the callback. Within
-  :data:`TELEMETRY_TOLERANCE` passes.
+  :data:`TELEMETRY_TOLERANCE` passes. Where the callback variant ran an in-fit A/B (eager and compiled
+  blocks in turn inside its fit, :class:`~benchmarks.measure.InFitAB`), the error against that too: it
+  is the one the host's drift between variants does not bias.
 - **Best whole-model anchor**: the callback's step against the fastest of eager, whole-model compile
   and whole-model ``reduce-overhead`` in the same run; at least ``1 -`` :data:`ANCHOR_MARGIN` of its
   speed passes.
@@ -51,8 +53,17 @@ def _ok(records: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
     return record if record is not None and record.get("status") == "ok" else None
 
 
-def _summary(record: dict[str, Any]) -> dict[str, Any]:
-    return (record.get("callback") or {}).get("summary") or {}
+def reported_figures(record: dict[str, Any]) -> dict[str, Any]:
+    """The callback's reported figures: its report's summary, with the figures as they stood when the
+    steady window ended where the variant ran an in-fit A/B after it (whose eager steps went through
+    the callback's hooks)."""
+    callback = record.get("callback") or {}
+    return {**(callback.get("summary") or {}), **(callback.get("at_window_end") or {})}
+
+
+def in_fit_speedup(record: dict[str, Any]) -> float | None:
+    """The speedup of the variant's in-fit A/B (:class:`benchmarks.measure.InFitAB`), None without one."""
+    return (record.get("in_fit_ab") or {}).get("speedup")
 
 
 def harness_speedup(record: dict[str, Any], baseline: dict[str, Any], *, by_throughput: bool) -> float | None:
@@ -70,16 +81,19 @@ def telemetry_error(
 
     Returns:
         ``reported``, ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
-        used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); None for a
-        variant without a callback.
+        used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); where the variant
+        ran an in-fit A/B, the same against it: ``in_fit``, ``in_fit_error``, ``in_fit_passed`` (None
+        without one); None for a variant without a callback.
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
         return None
     baseline_name = EAGER_OF.get(record["variant"], "eager")
     baseline = _ok(records, baseline_name)
-    reported = _summary(record).get("speedup")
+    reported = reported_figures(record).get("speedup")
     harness = harness_speedup(record, baseline, by_throughput=by_throughput) if baseline else None
     error = reported / harness - 1.0 if isinstance(reported, (int, float)) and harness else None
+    in_fit = in_fit_speedup(record)
+    in_fit_error = reported / in_fit - 1.0 if isinstance(reported, (int, float)) and in_fit else None
     return {
         "reported": reported,
         "harness": harness,
@@ -88,6 +102,9 @@ def telemetry_error(
         "basis": "real tokens/s" if by_throughput else "median step time",
         "tolerance": TELEMETRY_TOLERANCE,
         "passed": None if error is None else abs(error) <= TELEMETRY_TOLERANCE,
+        "in_fit": in_fit,
+        "in_fit_error": in_fit_error,
+        "in_fit_passed": None if in_fit_error is None else abs(in_fit_error) <= TELEMETRY_TOLERANCE,
     }
 
 
@@ -185,7 +202,7 @@ def memory_check(record: dict[str, Any], records: dict[str, dict[str, Any]]) -> 
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
         return None
-    summary = _summary(record)
+    summary = reported_figures(record)
     eager = _ok(records, EAGER_OF.get(record["variant"], "eager")) or {}
     eager_peak = eager.get("peak_memory_gb")
     kind, detail = kept_plan(record)

@@ -11,6 +11,7 @@ end: no host sync per step) and ``time.perf_counter`` on CPU, where the work is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -39,6 +40,73 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
+@dataclasses.dataclass
+class InFitAB:
+    """An A/B inside one fit, after its steady window: blocks of steps run eagerly and compiled in turn.
+
+    Comparing two variants that ran minutes apart is only as good as the host's steadiness (on the shared
+    H200 host an eager, host-bound step moves 10-30% over a run). Here the same fit, the same module
+    and the same batches alternate between eager (``switch(True)``: the run's compiled code ignored,
+    ``torch.compiler.set_stance("force_eager")``) and compiled (``switch(False)``) in blocks ordered
+    ABBA (eager, compiled, compiled, eager, ...), so a steady drift lands on both sides alike. The first
+    ``skip`` steps of each block are not counted (a switch's first step). The ratio is the harness's
+    own, timed by the :class:`StepMeter`, never by the callback.
+
+    Attributes:
+        switch: ``eager -> None``, called before each block's first step and with False after the last.
+        blocks: how many blocks (a multiple of 4: whole ABBA cycles).
+        block_steps: steps per block, ``skip`` of them not counted.
+        on_start: called once before the first block (what the record must read before the A/B runs:
+            the callback's figures, the peak memory of the steady steps).
+    """
+
+    switch: Callable[[bool], None]
+    blocks: int = 8
+    block_steps: int = 10
+    skip: int = 2
+    on_start: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.blocks < 4 or self.blocks % 4:
+            raise ValueError(f"an in-fit A/B needs whole ABBA cycles: blocks a multiple of 4; got {self.blocks}.")
+        if not 0 <= self.skip < self.block_steps:
+            raise ValueError(f"skip must be in 0..block_steps-1={self.block_steps - 1}; got {self.skip}.")
+
+    def eager(self, block: int) -> bool:
+        """Block ``block`` runs eagerly: blocks 0, 3, 4, 7, ... (ABBA)."""
+        return block % 4 in (0, 3)
+
+    @property
+    def steps(self) -> int:
+        return self.blocks * self.block_steps
+
+    def summarize(self, step_ms: Sequence[float]) -> dict[str, Any]:
+        """The A/B from the steps it timed, in order: medians of each side, the ratio, and the ratio of
+        each ABBA cycle (their spread is the A/B's own noise)."""
+        blocks = [list(step_ms[b * self.block_steps : (b + 1) * self.block_steps])[self.skip :] for b in range(self.blocks)]
+        eager = [ms for b, samples in enumerate(blocks) if self.eager(b) for ms in samples]
+        compiled = [ms for b, samples in enumerate(blocks) if not self.eager(b) for ms in samples]
+        cycles = []
+        for first in range(0, self.blocks, 4):
+            cycle_eager = blocks[first] + blocks[first + 3]
+            cycle_compiled = blocks[first + 1] + blocks[first + 2]
+            if cycle_eager and cycle_compiled:
+                cycles.append(statistics.median(cycle_eager) / statistics.median(cycle_compiled))
+        eager_ms = statistics.median(eager) if eager else None
+        compiled_ms = statistics.median(compiled) if compiled else None
+        return {
+            "eager_ms": eager_ms,
+            "compiled_ms": compiled_ms,
+            "speedup": speedup(eager_ms, compiled_ms),
+            "cycle_speedups": cycles,
+            "blocks": self.blocks,
+            "block_steps": self.block_steps,
+            "skipped_per_block": self.skip,
+            "order": "ABBA (eager, compiled, compiled, eager)",
+            "block_medians_ms": [statistics.median(samples) if samples else None for samples in blocks],
+        }
+
+
 class StepMeter:
     """Times every step of one variant and keeps what the record needs.
 
@@ -56,6 +124,8 @@ class StepMeter:
             ``measured_steps`` of the settled steps: a run that has not had that many by
             ``total_steps`` goes on, up to ``longest_steps``. None: every step counts as settled.
         longest_steps: the most steps a run waiting for ``settled`` may take (default ``total_steps``).
+        in_fit_ab: an :class:`InFitAB` run after the steady window (its steps are timed apart: no other
+            figure of the record includes them); None: none.
 
     Example:
         >>> meter = StepMeter(torch.device("cpu"), total_steps=10, measured_steps=5)
@@ -75,6 +145,7 @@ class StepMeter:
         count_tokens: Callable[[Any], TokenCount] | None = None,
         settled: Callable[[], bool] | None = None,
         longest_steps: int | None = None,
+        in_fit_ab: InFitAB | None = None,
     ) -> None:
         if not 1 <= measured_steps <= total_steps:
             raise ValueError(f"measured_steps must be in 1..total_steps={total_steps}; got {measured_steps}.")
@@ -98,6 +169,9 @@ class StepMeter:
         self._recompiles_at_epoch_end: list[int] = []
         self._t0 = 0.0
         self.final_loss: float | None = None
+        self.in_fit_ab = in_fit_ab
+        self._ab_spans: list[tuple[Any, Any]] = []  # the in-fit A/B's steps, timed apart
+        self._ab_started = False
 
     def begin(self) -> None:
         """Starts the wall clock: call it right before the loop (or ``trainer.fit``)."""
@@ -111,6 +185,8 @@ class StepMeter:
         """Ends the step begun by :meth:`step_start`; True when the variant has run all its steps."""
         if self._started_at is None:
             return self.steps >= self.total_steps
+        if self._ab_started:
+            return self._ab_step_end()
         self._spans.append((self._started_at, time_mark(self.use_events)))
         self._started_at = None
         self.steps += 1
@@ -127,7 +203,26 @@ class StepMeter:
         if done and loss is not None:
             # Read now: a CUDA-graph output is overwritten by the next replay.
             self.final_loss = float(loss.detach().float())
+        if done and self.in_fit_ab is not None:
+            self._ab_started = True
+            if self.in_fit_ab.on_start is not None:
+                self.in_fit_ab.on_start()
+            self.in_fit_ab.switch(self.in_fit_ab.eager(0))
+            return False
         return done
+
+    def _ab_step_end(self) -> bool:
+        ab = self.in_fit_ab
+        assert ab is not None
+        self._ab_spans.append((self._started_at, time_mark(self.use_events)))
+        self._started_at = None
+        taken = len(self._ab_spans)
+        if taken >= ab.steps:
+            ab.switch(False)
+            return True
+        if taken % ab.block_steps == 0:
+            ab.switch(ab.eager(taken // ab.block_steps))
+        return False
 
     def _done(self) -> bool:
         if self.steps >= self.longest_steps:
@@ -163,6 +258,11 @@ class StepMeter:
             "settled_at_step": self.settled_at,
             "window_settled": self.window_settled(),
         }
+        if self.in_fit_ab is not None and self._ab_spans:
+            synchronize(self.device)
+            ab_ms = [elapsed_ms(start, end) for start, end in self._ab_spans]
+            record["in_fit_ab"] = {**self.in_fit_ab.summarize(ab_ms), "steps_run": len(ab_ms),
+                                   "step_ms_all": [round(ms, 3) for ms in ab_ms]}
         if self._tokens:
             real = _to_ints([t[0] for t in self._tokens])
             total = [t[1] for t in self._tokens]

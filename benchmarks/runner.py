@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
 from benchmarks.checks import add_checks
-from benchmarks.measure import StepEnd, StepMeter, StepStart, mfu, speedup
+from benchmarks.measure import InFitAB, StepEnd, StepMeter, StepStart, mfu, speedup
 from benchmarks.trace import StepTrace
 from benchmarks.variants import (
     VARIANTS,
@@ -35,6 +36,7 @@ from benchmarks.variants import (
     skip_reason,
 )
 from benchmarks.workloads import Workload
+from compile_callback import telemetry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,9 @@ class RunSettings:
             (Lightning variants; :mod:`benchmarks.trace`), written to ``trace_dir``; 0: none.
         longest_steps: the most steps a callback variant may run so that its steady window holds only
             steps after its plan froze (fixed shapes; None: ``total_steps``, the window is only checked).
+        in_fit_ab_blocks: blocks of the in-fit A/B a callback variant runs after its steady window
+            (fixed shapes; :class:`benchmarks.measure.InFitAB`), ``in_fit_ab_block_steps`` steps each;
+            0: none.
     """
 
     device: torch.device
@@ -70,6 +75,8 @@ class RunSettings:
     trace_steps: int = 0
     trace_dir: str = "."
     longest_steps: int | None = None
+    in_fit_ab_blocks: int = 0
+    in_fit_ab_block_steps: int = 10
 
 
 def precision(device: torch.device) -> str:
@@ -159,6 +166,7 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
     reason = skip_reason(variant)
     if reason is not None:
         return {**record, "status": "skipped", "reason": reason}
+    record["started_at"] = time.time()  # wall clock: matches a concurrent host probe's samples
     try:
         record.update(_train_and_measure(workload, variant, settings, state))
         record["status"] = "ok"
@@ -166,6 +174,7 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
         traceback.print_exc()
         record.update(status="error", error=f"{type(error).__name__}: {str(error).strip()[:2000]}")
     finally:
+        record["ended_at"] = time.time()
         gc.collect()
         if settings.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -189,6 +198,13 @@ def _train_and_measure(
     # The callback variant's steady window must hold its frozen plan only: it runs on past total_steps
     # (fixed shapes; up to longest_steps) until it does. Variable lengths keep whole epochs.
     longest = settings.longest_steps if callback is not None and settings.epoch_steps is None else None
+    before_ab: dict[str, Any] = {}
+    in_fit_ab = None
+    if callback is not None and settings.epoch_steps is None and settings.in_fit_ab_blocks:
+        in_fit_ab = InFitAB(
+            _set_eager_stance, blocks=settings.in_fit_ab_blocks, block_steps=settings.in_fit_ab_block_steps,
+            on_start=lambda: before_ab.update(_before_ab(callback, device)),
+        )
     meter = StepMeter(
         device,
         total_steps=settings.total_steps,
@@ -197,13 +213,19 @@ def _train_and_measure(
         count_tokens=workload.count_tokens,
         settled=(lambda: plan_frozen(callback) is True) if callback is not None else None,
         longest_steps=longest,
+        in_fit_ab=in_fit_ab,
     )
-    loader = workload.train_loader(settings.epoch_steps or meter.longest_steps, pad_to_max=variant.pad_to_max)
+    batches = settings.epoch_steps or meter.longest_steps + (in_fit_ab.steps if in_fit_ab is not None else 0)
+    loader = workload.train_loader(batches, pad_to_max=variant.pad_to_max)
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
-    if variant.lightning:
-        _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
-    else:
-        _plain_loop(module, loader, meter, workload, device)
+    try:
+        if variant.lightning:
+            _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
+        else:
+            _plain_loop(module, loader, meter, workload, device)
+    finally:
+        if in_fit_ab is not None:
+            _set_eager_stance(False)  # a fit that failed inside the A/B leaves no stance to the next variant
 
     record: dict[str, Any] = {"compiled": compiled}
     if callback is not None:
@@ -232,6 +254,10 @@ def _train_and_measure(
             "suggestions": report.get("suggestions", []),
             "anatomy": report.get("anatomy", {}),
         }
+        if before_ab:
+            # The A/B's eager steps ran through the callback's hooks after the window: its figures and the
+            # peak are taken as they stood when the steady window ended.
+            record["callback"]["at_window_end"] = before_ab["reported"]
     if workload.cycle_length is None and record.get("real_tokens") and record["median_ms"]:
         # One shape: throughput from the median step, like the other columns (a mean would carry outliers).
         record["tokens_per_s"] = record["real_tokens"] / record["steps_run"] * 1e3 / record["median_ms"]
@@ -241,7 +267,31 @@ def _train_and_measure(
         record["samples_per_s"] = workload.batch_size * 1e3 / record["median_ms"]
     record["mfu"] = mfu(record.get("tokens_per_s"), workload.flops_per_token, settings.peak_flops)
     record["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if before_ab.get("peak_memory_gb") is not None:
+        record["peak_memory_gb_with_ab"] = record["peak_memory_gb"]
+        record["peak_memory_gb"] = before_ab["peak_memory_gb"]
     return record
+
+
+def _set_eager_stance(eager: bool) -> None:
+    """The in-fit A/B's switch: every torch.compile'd frame runs its original code while eager."""
+    torch.compiler.set_stance("force_eager" if eager else "default")
+
+
+def _before_ab(callback: Any, device: torch.device) -> dict[str, Any]:
+    """What the record takes from before the in-fit A/B: the callback's figures (the same keys as its
+    report's summary) and the peak memory of the fit so far."""
+    metrics = callback.run.metrics()
+    reported = {
+        "speedup": metrics.get(telemetry.SPEEDUP),
+        "step_time_ms": metrics.get(telemetry.STEP_TIME_MS),
+        "eager_step_time_ms": metrics.get(telemetry.EAGER_STEP_TIME_MS),
+        "memory_peak_gb": metrics.get(telemetry.MEMORY_PEAK_GB),
+        "memory_eager_peak_gb": metrics.get(telemetry.MEMORY_EAGER_PEAK_GB),
+        "memory_plan_peak_gb": metrics.get(telemetry.MEMORY_PLAN_PEAK_GB),
+    }
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"reported": reported, "peak_memory_gb": peak}
 
 
 def plan_frozen(callback: Any) -> bool | None:

@@ -63,9 +63,12 @@ def _passed(value: bool | None) -> str:
 
 
 def telemetry_cell(check: dict[str, Any] | None) -> str:
-    if not check or check.get("error") is None:
+    if not check or (check.get("error") is None and check.get("in_fit_error") is None):
         return "–"
-    return f"{check['error'] * 100:+.1f}%{_passed(check.get('passed'))}"
+    between = f"{check['error'] * 100:+.1f}%{_passed(check.get('passed'))}" if check.get("error") is not None else "–"
+    if check.get("in_fit_error") is None:
+        return between
+    return f"{between}; in-fit A/B {check['in_fit_error'] * 100:+.1f}%{_passed(check.get('in_fit_passed'))}"
 
 
 def anchor_cell(check: dict[str, Any] | None) -> str:
@@ -106,7 +109,7 @@ def render_table(result: dict[str, Any]) -> str:
             continue
         rate = record.get("tokens_per_s") if language else record.get("samples_per_s")
         checked = record_checks(result, record)
-        reported = ((record.get("callback") or {}).get("summary") or {}).get("speedup")
+        reported = checks.reported_figures(record).get("speedup")
         cells = [
             record["variant"],
             _number(record.get("median_ms"), ".2f"),
@@ -197,9 +200,19 @@ def render_checks(result: dict[str, Any], record: dict[str, Any]) -> list[str]:
         lines.append(
             f"- `{name}` telemetry: reported `compile/speedup` {_number(telemetry.get('reported'), '.3f', '×')} against "
             f"the harness's {_number(telemetry.get('harness'), '.3f', '×')} (`{telemetry.get('baseline')}` over "
-            f"`{name}`, {telemetry.get('basis')}): error {telemetry_cell(telemetry)}, tolerance "
+            f"`{name}`, {telemetry.get('basis')}): error {telemetry_cell({**telemetry, 'in_fit_error': None})}, tolerance "
             f"±{telemetry.get('tolerance', checks.TELEMETRY_TOLERANCE):.0%}"
         )
+        ab = record.get("in_fit_ab") or {}
+        if ab.get("speedup") is not None:
+            cycles = ab.get("cycle_speedups") or []
+            spread = f", its ABBA cycles {min(cycles):.3f}-{max(cycles):.3f}×" if cycles else ""
+            lines.append(
+                f"- `{name}` in-fit A/B ({ab.get('blocks')} blocks of {ab.get('block_steps')} steps after the steady "
+                f"window, eager by `torch.compiler.set_stance('force_eager')`, ABBA): eager {_number(ab.get('eager_ms'), '.2f')} ms, "
+                f"compiled {_number(ab.get('compiled_ms'), '.2f')} ms, {_number(ab.get('speedup'), '.3f', '×')}{spread}; "
+                f"reported against it: {_number(telemetry.get('in_fit_error'), '+.1%')}{_passed(telemetry.get('in_fit_passed'))}"
+            )
     anchor = checked["versus_best_anchor"]
     if anchor:
         lines.append(
@@ -412,13 +425,13 @@ def _check_verdicts(
     passed = telemetry.get("passed")
     measured = (
         f"{_number(telemetry.get('reported'), '.3f', '×')} reported vs {_number(telemetry.get('harness'), '.3f', '×')} "
-        f"harness: {telemetry_cell({**telemetry, 'passed': None})}"
+        f"harness: {_number(telemetry.get('error'), '+.1%')}"
     ) if telemetry else "–"
-    # The harness's A/B compares two variants that ran at different times: only as good as the host.
-    unsteady = drift_verdict(drift) if passed is not None else None
+    if telemetry.get("in_fit") is not None:
+        measured += f"; vs {_number(telemetry.get('in_fit'), '.3f', '×')} in-fit A/B: {_number(telemetry.get('in_fit_error'), '+.1%')}"
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
-        measured, speed_invalid or unsteady or _verdict(passed)))
+        measured, speed_invalid or telemetry_verdict(telemetry, drift)))
 
     passed = anchor.get("passed")
     best = anchor.get("best")
@@ -449,6 +462,20 @@ def _check_verdicts(
         workload, f"callback peak memory ≤ {checks.MEMORY_FACTOR} × max(eager, kept plan)", measured,
         invalid or _verdict(passed)))
     return verdicts
+
+
+def telemetry_verdict(telemetry: dict[str, Any], drift: float | None) -> str:
+    """Issue 20's telemetry verdict. The A/B between variants compares two that ran at different times,
+    so it is only as good as the host: where eager drifted over the run it is inconclusive, and an
+    in-fit A/B (eager and compiled blocks in turn inside the callback's own fit, which a drift puts on
+    both sides alike) answers alone, saying so. Otherwise both must pass where both exist."""
+    passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")
+    unsteady = drift_verdict(drift) if passed is not None else None
+    if in_fit is None:
+        return unsteady or _verdict(passed)
+    if unsteady:
+        return f"{_verdict(in_fit)} by the in-fit A/B (between variants: {unsteady})"
+    return _verdict(in_fit if passed is None else passed and in_fit)
 
 
 def ran_after(order: Sequence[str], name: str, others: Sequence[str]) -> bool:

@@ -148,6 +148,49 @@ def test_a_drifting_host_makes_the_telemetry_verdict_inconclusive():
     assert verdicts["callback `compile/speedup` within ±5% of the harness's A/B"] == "inconclusive (host drift -13.1%)"
 
 
+def _with_in_fit_ab(record, eager_ms, compiled_ms, *, reported_at_window_end=None):
+    """A callback record that ran an in-fit A/B after its steady window (as the runner writes it)."""
+    record = {**record, "in_fit_ab": {"eager_ms": eager_ms, "compiled_ms": compiled_ms,
+                                      "speedup": eager_ms / compiled_ms, "blocks": 8, "block_steps": 10,
+                                      "cycle_speedups": [eager_ms / compiled_ms] * 2}}
+    if reported_at_window_end is not None:
+        record["callback"] = {**record["callback"], "at_window_end": {"speedup": reported_at_window_end}}
+    return record
+
+
+def test_an_in_fit_ab_answers_the_telemetry_verdict_where_the_host_drifted():
+    eager_end = {"variant": "eager_end", "status": "ok", "median_ms": 52.0}  # eager 15% slower by the end
+    target = "callback `compile/speedup` within ±5% of the harness's A/B"
+    # Reported 1.90x; eager over the callback between variants 1.896x, but eager drifted: inconclusive
+    # alone. Inside the callback's fit, eager blocks ran 46.0 ms against 24.0 compiled: 1.917x, -0.9%.
+    record = _with_in_fit_ab(_callback(23.84, speedup=1.90), 46.0, 24.0)
+    result = _run(EAGER, WHOLE_RO, record, eager_end)
+    telemetry = table.records_by_variant(result)["callback"]["telemetry_error"]
+    assert telemetry["in_fit"] == pytest.approx(46.0 / 24.0)
+    assert telemetry["in_fit_error"] == pytest.approx(1.90 / (46.0 / 24.0) - 1) and telemetry["in_fit_passed"] is True
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(result)}
+    assert verdicts[target] == "met by the in-fit A/B (between variants: inconclusive (host drift -13.1%))"
+    wrong = _run(EAGER, WHOLE_RO, _with_in_fit_ab(_callback(23.84, speedup=1.90), 40.0, 24.0), eager_end)
+    assert {v.target: v.verdict for v in table.evaluate_targets(wrong)}[target].startswith("**not met** by the in-fit")
+    # A steady host: both A/Bs must agree with the report.
+    steady = _run(EAGER, WHOLE_RO, _with_in_fit_ab(_callback(23.84, speedup=1.90), 40.0, 24.0))
+    assert {v.target: v.verdict for v in table.evaluate_targets(steady)}[target] == "**not met**"
+    both = _run(EAGER, WHOLE_RO, _with_in_fit_ab(_callback(23.84, speedup=1.90), 45.0, 24.0))
+    assert {v.target: v.verdict for v in table.evaluate_targets(both)}[target] == "met"
+    assert "+0.2% (met); in-fit A/B +1.3% (met)" in table.render_table(both)
+
+
+def test_the_reported_figure_is_taken_from_before_the_in_fit_ab():
+    """The A/B's eager steps go through the callback's hooks after the window: a report made at the
+    fit's end could price them in; the figure as the window ended is the one checked."""
+    record = _with_in_fit_ab(_callback(23.84, speedup=1.50, memory_plan_peak_gb=9.0), 46.0, 24.0,
+                             reported_at_window_end=1.90)
+    result = _run(EAGER, record)
+    telemetry = table.records_by_variant(result)["callback"]["telemetry_error"]
+    assert telemetry["reported"] == 1.90
+    assert checks.reported_figures(record) == {"speedup": 1.90, "memory_plan_peak_gb": 9.0}
+
+
 def test_a_callback_variant_that_ran_past_total_steps_says_so():
     record = {**_callback(24.0, speedup=1.9), "steps_run": 250, "steps_measured": 60, "plan_frozen_at_step": 191,
               "window_after_plan_frozen": True}

@@ -16,7 +16,7 @@ import torch
 
 from benchmarks import checks, dynamo_counts, table
 from benchmarks.__main__ import apply_memory_cap, parse_args, run, select_variants
-from benchmarks.measure import StepMeter, percentile
+from benchmarks.measure import InFitAB, StepMeter, percentile
 from benchmarks.runner import add_speedups
 from benchmarks.variants import VARIANTS as VARIANT_SPECS
 from benchmarks.variants import skip_reason
@@ -133,7 +133,16 @@ def _check_callback_record(workload, record, settings, records):
     if settings["epoch_steps"] is None and record["steps_run"] > total:
         assert frozen_at == record["steps_run"] - measured + 1  # it stopped as soon as the window was steady
     summary = report["summary"]
-    assert summary["batches"] == record["steps_run"]  # the callback saw every batch the harness timed
+    ab = record.get("in_fit_ab")
+    # The callback saw every batch the harness timed: the run's, then the in-fit A/B's (timed apart).
+    assert summary["batches"] == record["steps_run"] + (ab["steps_run"] if ab else 0)
+    if settings["epoch_steps"] is None:  # fixed shapes: an in-fit A/B after the steady window
+        blocks, block_steps = settings["in_fit_ab"]["blocks"], settings["in_fit_ab"]["block_steps"]
+        assert ab["blocks"] == blocks and ab["steps_run"] == blocks * block_steps == len(ab["step_ms_all"])
+        assert ab["speedup"] == pytest.approx(ab["eager_ms"] / ab["compiled_ms"])
+        assert len(ab["cycle_speedups"]) == blocks // 4
+    else:
+        assert ab is None
     decisions = report["decisions"]
     assert decisions, f"{workload}/{name}: the auto plan decided nothing"
     for decision in decisions:
@@ -148,7 +157,11 @@ def _check_callback_record(workload, record, settings, records):
         assert math.isfinite(summary["speedup"]) and summary["speedup"] > 0
     # Issue 20's and 19's checks, from the harness's own numbers.
     telemetry = record["telemetry_error"]
-    assert telemetry["reported"] == summary["speedup"]
+    assert telemetry["reported"] == checks.reported_figures(record)["speedup"]
+    if ab:  # the callback's figure as it stood when the steady window ended, before the A/B's eager steps
+        assert telemetry["reported"] == report["at_window_end"]["speedup"]
+        assert telemetry["in_fit"] == ab["speedup"]
+        assert telemetry["in_fit_error"] == pytest.approx(telemetry["reported"] / ab["speedup"] - 1)
     baseline = records[checks.EAGER_OF.get(name, "eager")]
     if workload != "gpt2_varlen":
         assert telemetry["harness"] == pytest.approx(baseline["median_ms"] / record["median_ms"])
@@ -275,6 +288,37 @@ def test_step_meter_counts_steps_tokens_and_epochs():
     assert result["recompiles_per_epoch"] == [0, 0]
     assert result["real_tokens"] == 18 and result["all_tokens"] == 24 and result["padding_waste"] == 0.25
     assert result["final_loss"] == 5.0 and result["wall_first_steps_s"] > 0
+
+
+def test_an_in_fit_ab_runs_abba_blocks_after_the_steady_window_and_is_timed_apart():
+    switches = []
+    ab = InFitAB(switches.append, blocks=4, block_steps=3, skip=1, on_start=lambda: switches.append("start"))
+    meter = StepMeter(torch.device("cpu"), total_steps=4, measured_steps=2, in_fit_ab=ab)
+    meter.begin()
+    done = []
+    for step in range(4 + 12):
+        meter.step_start()
+        done.append(meter.step_end(loss=torch.tensor(float(step))))
+    # The steady window ends at step 4 and the A/B begins: eager, compiled, compiled, eager, then back.
+    assert done == [False] * 15 + [True]
+    assert switches == ["start", True, False, False, True, False]
+    result = meter.result()
+    assert result["steps_run"] == 4 and result["steps_measured"] == 2 and len(result["step_ms_all"]) == 4
+    assert result["final_loss"] == 3.0  # the run's last step, not the A/B's
+    assert result["in_fit_ab"]["steps_run"] == 12
+
+
+def test_an_in_fit_ab_compares_medians_of_its_counted_steps():
+    ab = InFitAB(lambda eager: None, blocks=8, block_steps=3, skip=1)
+    # Blocks E C C E E C C E; each block's first step (a switch) is not counted, so 99 ms never is.
+    eager, compiled = [99.0, 10.0, 10.0], [99.0, 5.0, 5.0]
+    slower_eager = [99.0, 12.0, 12.0]
+    summary = ab.summarize(eager + compiled + compiled + eager + slower_eager + compiled + compiled + slower_eager)
+    assert summary["eager_ms"] == 11.0 and summary["compiled_ms"] == 5.0  # medians of 10,10,10,10,12,12,12,12 and 5s
+    assert summary["speedup"] == pytest.approx(2.2)
+    assert summary["cycle_speedups"] == pytest.approx([2.0, 2.4])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        InFitAB(lambda eager: None, blocks=6)
 
 
 def test_percentile_is_nearest_rank():
