@@ -634,7 +634,7 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
     return [chosen[key] for key in sorted(order, key=lambda key: (_workload_rank(key[0]), order.index(key)))]
 
 
-WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "timm_vit")
+WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "timm_vit", "hf_bert_mlm")
 
 
 def _workload_rank(workload: str) -> int:

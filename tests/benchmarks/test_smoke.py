@@ -20,7 +20,7 @@ from benchmarks.measure import InFitAB, StepMeter, percentile
 from benchmarks.runner import add_speedups
 from benchmarks.variants import VARIANTS as VARIANT_SPECS
 from benchmarks.variants import skip_reason
-from benchmarks.workloads import IGNORE_INDEX, SMOKE_VARIANTS, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
+from benchmarks.workloads import ALL_WORKLOADS, IGNORE_INDEX, SMOKE_VARIANTS, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED_KEYS = {
@@ -60,7 +60,7 @@ def _finite_positive(value) -> bool:
 @pytest.mark.timeout(1800)
 def test_every_workload_writes_json_and_markdown(smoke_run):
     completed, results = smoke_run
-    assert sorted(results) == sorted(WORKLOADS)
+    assert sorted(results) == sorted(ALL_WORKLOADS)
     for path, result in results.values():
         assert os.path.isfile(path[: -len(".json")] + ".md")
         assert os.path.basename(path).startswith(f"{result['workload']}-smoke-")
@@ -81,7 +81,7 @@ def test_the_smoke_run_has_every_variant_on_some_workload_and_every_workload_its
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("workload", ALL_WORKLOADS)
 def test_records_are_complete_and_consistent(smoke_run, workload):
     _, results = smoke_run
     _, result = results[workload]
@@ -207,7 +207,7 @@ def test_table_renders_benchmarks_md(smoke_run, tmp_path, capsys):
     assert table.main([*paths, "--output", str(output)]) == 0
     text = output.read_text()
     assert "## Targets (SPEC.md)" in text
-    for workload in WORKLOADS:
+    for workload in ALL_WORKLOADS:
         assert f"### {workload} (smoke)" in text
     # A smoke run is never held to the H200 targets (its tables still show each check's own verdict).
     targets = text.split("## Workloads")[0]
@@ -215,10 +215,10 @@ def test_table_renders_benchmarks_md(smoke_run, tmp_path, capsys):
     for target in ("callback `compile/speedup` within ±5% of the harness's A/B",
                    "callback ≥ best of eager / whole / whole_ro − 2%",
                    "callback peak memory ≤ 1.05 × max(eager, kept plan)"):
-        assert sum(f"| {target} |" in line for line in targets.splitlines()) == len(WORKLOADS), target
+        assert sum(f"| {target} |" in line for line in targets.splitlines()) == len(ALL_WORKLOADS), target
     # Every table has the memory, telemetry and best-anchor columns.
     headers = [line for line in text.splitlines() if line.startswith("| variant |")]
-    assert len(headers) == len(WORKLOADS)
+    assert len(headers) == len(ALL_WORKLOADS)
     assert all("| peak GB | reported speedup | telemetry error (±5%) |" in line for line in headers)
 
 
@@ -578,7 +578,8 @@ def test_a_win_the_drift_worked_against_stands():
 
 
 # -- third-party workloads, memory cap ---------------------------------------------------------------
-@pytest.mark.parametrize(("workload", "model_class"), [("hf_gpt2", "GPT2LMHeadModel"), ("timm_vit", "VisionTransformer")])
+@pytest.mark.parametrize(("workload", "model_class"), [
+    ("hf_gpt2", "GPT2LMHeadModel"), ("timm_vit", "VisionTransformer"), ("hf_bert_mlm", "BertForMaskedLM")])
 def test_third_party_workloads_train_a_few_steps_in_both_loops(workload, model_class, tmp_path):
     """The tiny forms, wrapped as users wrap them (``self.model``, ``forward(x, y)`` returns the loss),
     train three steps through a real Trainer and through the plain loop from the same weights."""
@@ -606,6 +607,9 @@ def test_third_party_workloads_train_a_few_steps_in_both_loops(workload, model_c
     assert losses["eager"] == pytest.approx(losses["bare_eager"], rel=1e-4)
     if workload == "hf_gpt2":
         assert record["tokens_per_s"] > 0 and built.flops_per_token > 0
+    if workload == "hf_bert_mlm":  # masked LM: the labelled positions only are the real tokens
+        labels = batch["labels"]
+        assert 0 < (labels != IGNORE_INDEX).sum() < labels.numel() * 0.3
 
 
 def test_third_party_libraries_are_imported_only_for_their_workloads(monkeypatch):
