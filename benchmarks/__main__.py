@@ -126,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="after its steady window a callback variant (fixed shapes) runs BLOCKS blocks of "
         "--in-fit-ab-steps steps, eager (torch.compiler.set_stance('force_eager')) and compiled in turn, ABBA: "
         "an A/B inside one fit that the host's drift over the run does not bias, beside the A/B against the "
-        "eager variant (default 8, smoke 4; 0: none; a multiple of 4).",
+        "eager variant (default 8, smoke 4, none under --memory-cap-gb: its eager steps run beside the plan's "
+        "memory; 0: none; a multiple of 4).",
     )
     parser.add_argument(
         "--in-fit-ab-steps", type=int, default=None, metavar="STEPS",
@@ -201,7 +202,10 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
     # A callback variant whose plan froze later than the budget says (more trials, longer eager
     # windows) runs on until its steady window holds only frozen-plan steps, up to this many.
     longest = total + budget + measured if epoch_steps is None else total
-    ab_blocks = args.in_fit_ab if args.in_fit_ab is not None else (4 if args.smoke else 8)
+    # Not under a memory cap unless asked for: the A/B's eager steps run beside the kept plan's memory
+    # (a CUDA-graph pool), which a run sized to the card need not hold (HF GPT-2 under 15.3 GiB: OOM).
+    default_blocks = 0 if args.memory_cap_gb is not None else 4 if args.smoke else 8
+    ab_blocks = args.in_fit_ab if args.in_fit_ab is not None else default_blocks
     ab_steps = args.in_fit_ab_steps or (3 if args.smoke else 10)
     planned = max(args.planned_steps or 5000, longest + ab_blocks * ab_steps)
     return RunSettings(

@@ -1,0 +1,130 @@
+"""Diagnostic (off-protocol, issue 19): which part of a CompileCallback fit leaves eager steps slower.
+
+Runs a sequence of steps on one workload in one process, an eager window between treatments, and
+prints one JSON line per step with its wall-clock span, so a host clock running beside it
+(:mod:`benchmarks.diagnostics.hostclock`) tells a slower process from a slower host. A step is:
+
+- ``eager``: the Lightning eager variant, ``--eager-steps`` steps, the last 60% timed (the window);
+- a variant of :mod:`benchmarks.variants` (``whole_ro``, ``callback``, ``callback_no_anatomy``, ...), run as
+  the benchmark runs it;
+- ``cb:<json>``: a CompileCallback variant with these options (``cb:{"regions":"model","mode":"reduce-overhead",
+  "verify":false,"anatomy":false}``: a fixed plan, no trials, no profiler, no verification);
+- ``@profile``: 30 CPU-only ``torch.profiler`` sessions as the callback's anatomy starts them, events read;
+- ``@pinned``: 2 GiB of pinned host memory filled from the GPU and given back, as verification's copies are;
+- ``@reset``: ``torch._dynamo.reset()`` and ``gc.collect()``.
+
+    python -m benchmarks.diagnostics.hostclock run --out clock.jsonl &
+    python -m benchmarks.diagnostics.aftereffect resnet18_cifar eager,whole_ro,eager,callback,eager > steps.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+from benchmarks import runner
+from benchmarks.__main__ import parse_args, resolve_settings
+from benchmarks.variants import VARIANTS, Variant
+from benchmarks.workloads import make_workload
+
+
+def _profile_sessions(device: torch.device) -> None:
+    from compile_callback.anatomy import _start_cpu_profiler
+
+    x = torch.ones(8, device=device)
+    for _ in range(30):
+        profiler = _start_cpu_profiler()
+        for _ in range(200):
+            x = x + 1
+        if profiler is not None:
+            profiler.stop()
+            sum(1 for _ in profiler.events())
+
+
+def _pinned(device: torch.device) -> None:
+    from compile_callback.verify import release_host_memory
+
+    if device.type != "cuda":
+        return
+    chunks = []
+    for _ in range(8):
+        source = torch.empty(2**28 // 4, device=device)  # 256 MiB
+        host = torch.empty(source.shape, pin_memory=True)
+        host.copy_(source, non_blocking=True)
+        chunks.append(host)
+    torch.cuda.synchronize()
+    del chunks
+    gc.collect()
+    release_host_memory()
+
+
+TREATMENTS = {
+    "@profile": _profile_sessions,
+    "@pinned": _pinned,
+    "@reset": lambda device: (torch._dynamo.reset(), gc.collect()),
+}
+
+
+def _variant(step: str) -> Variant:
+    if step.startswith("cb:"):
+        return Variant(f"cb{len(step)}", f"CompileCallback({step[3:]})", callback=json.loads(step[3:]))
+    return VARIANTS[step]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.aftereffect")
+    parser.add_argument("workload")
+    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, @profile, @pinned, @reset")
+    parser.add_argument("--eager-steps", type=int, default=100)
+    args = parser.parse_args(argv)
+    smoke = not torch.cuda.is_available()
+    device = torch.device("cuda" if not smoke else "cpu")
+    bench_args = parse_args(["--workload", args.workload, "--out", "/tmp/aftereffect", "--in-fit-ab", "0"]
+                            + (["--smoke"] if smoke else []))
+    settings = resolve_settings(bench_args, args.workload, device, bench_args.out)
+    eager_settings = dataclasses.replace(
+        settings, total_steps=args.eager_steps, measured_steps=max(1, int(0.6 * args.eager_steps)),
+        longest_steps=args.eager_steps,
+    )
+    workload = make_workload(args.workload, smoke=smoke, device=device)
+    state = runner.initial_state(workload, device, seed=settings.seed)
+    runner.warm_up_process(workload, settings, state)
+    # Steps separated by ';' in the JSON of cb: options would be awkward; commas inside braces stay.
+    steps, depth, current = [], 0, ""
+    for char in args.steps:
+        depth += char == "{"
+        depth -= char == "}"
+        if char == "," and depth == 0:
+            steps.append(current)
+            current = ""
+        else:
+            current += char
+    steps.append(current)
+    for index, step in enumerate(steps):
+        started = time.time()
+        line: dict[str, Any] = {"index": index, "step": step}
+        if step in TREATMENTS:
+            TREATMENTS[step](device)
+        else:
+            variant = _variant(step)
+            record = runner.run_variant(workload, variant, eager_settings if step == "eager" else settings, state)
+            line.update(status=record.get("status"), median_ms=record.get("median_ms"), p90_ms=record.get("p90_ms"),
+                        error=record.get("error"),
+                        decisions=[(d.get("region"), d.get("mode"), d.get("kept"))
+                                   for d in (record.get("callback") or {}).get("decisions", [])])
+            window = record.get("step_ms_all") or []
+            line["window_started_at"] = record.get("ended_at", time.time()) - (
+                sum(window[-record.get("steps_measured", 0):]) / 1e3 if window else 0)
+        line.update(started_at=started, ended_at=time.time())
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
