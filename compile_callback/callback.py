@@ -86,6 +86,13 @@ class CompileCallback(Callback):
             coverage, the kernels compiled code hands to libraries or falls back on, and guard cost
             (``compile/anatomy/*``): one eager step before compiling, then one step each time the plan
             or its graphs changed, at most once an epoch; off, those figures are not reported.
+        background_compile: compile each candidate first in a child process, into the run's Inductor
+            cache, while training goes on with the plan before it; the trial then compiles from that
+            cache (seconds instead of tens of seconds of stopped training). ``None``: where it can pay
+            (one process on a CUDA device, Inductor by name, its FX-graph cache on); ``True``: wherever
+            one process runs (CPU too); ``False``: off. The child needs a copy of the step's memory on
+            the device and some CPU; every failure falls back to compiling in-process, with the reason
+            in the report.
 
     Raises:
         ValueError: an argument of the wrong type or out of range, with what is allowed.
@@ -120,6 +127,7 @@ class CompileCallback(Callback):
         log_every_n_steps: int | None = None,
         report: bool = True,
         anatomy: bool = True,
+        background_compile: bool | None = None,
     ) -> None:
         super().__init__()
         self.config = CompileConfig(
@@ -129,6 +137,7 @@ class CompileCallback(Callback):
             on_recompile=on_recompile, max_recompiles_per_epoch=max_recompiles_per_epoch, pad=pad,
             pad_max_buckets=pad_max_buckets, pad_multiple=pad_multiple, pad_short_batch=pad_short_batch,
             cache_dir=cache_dir, log_every_n_steps=log_every_n_steps, report=report, anatomy=anatomy,
+            background_compile=background_compile,
         )
         self.run: CompileRun | None = None  # this fit's planner, watch, timer, metrics(); new for each fit
         self._wrapped_hooks: list[tuple[Any, str]] = []  # (datamodule or module, hook name) wrapped for padding

@@ -58,12 +58,17 @@ class CompileConfig:
     log_every_n_steps: int | None = None
     report: bool = True
     anatomy: bool = True
+    background_compile: bool | None = None
 
     def __post_init__(self) -> None:
         self._check_regions()
         self._check_compile_arguments()
         self._check_counts()
         self._check_padding()
+        if self.background_compile is not None and not isinstance(self.background_compile, bool):
+            raise ValueError(
+                f"`background_compile` must be True, False or None (where it can pay); got {self.background_compile!r}."
+            )
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):
             raise ValueError(f"`cache_dir` must be a directory path or None; got {self.cache_dir!r}.")
         # Frozen: normalized copies are set through object.__setattr__.

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
+from compile_callback.background import BackgroundCompile, Unavailable
 from compile_callback.memory import graph_pool_misfit
 from compile_callback.payback import (
     CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds,
@@ -45,6 +46,9 @@ EAGER = "eager"
 COMPILED = "compiled"
 CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan before it
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
+# Below this estimated cold compile a trial compiles in-process (where background compiles are chosen,
+# not asked for): a child's fresh interpreter, torch import and device set-up take seconds of their own.
+BACKGROUND_MIN_COMPILE_S = 10.0
 CONTROL_WINDOWS = 3  # a CUDA-graph trial's control window, timed again (at most twice) while disturbed
 DISTURBED = 0.02  # ... where its median sits more than 2% above its lower decile (see timing.disturbed)
 
@@ -301,6 +305,10 @@ class AutoPlanner(_CompilesRegions):
             for correctness: verification and a trial's survival. ``bool`` on one device.
         remaining_batches: how many training batches the run still has.
         context: the training step's forward context for verification (precision/autocast).
+        background: starts a child process that compiles a candidate into the run's Inductor cache while
+            training goes on (:mod:`compile_callback.background`); None: trials compile in-process.
+        background_always: use ``background`` for every candidate; else only for one whose cold compile
+            is estimated above :data:`BACKGROUND_MIN_COMPILE_S` and that the run is long enough for.
     """
 
     # Long on purpose: the planner's settings and the per-fit state it starts from, listed once.
@@ -327,6 +335,8 @@ class AutoPlanner(_CompilesRegions):
         idle_state: Callable[[], list[torch.Tensor]] = list,
         activation_bytes: Callable[[], int | None] = lambda: None,
         room_bytes: Callable[[], int | None] = lambda: None,
+        background: Callable[[str, nn.Module, Any, CompileOptions], BackgroundCompile] | None = None,
+        background_always: bool = False,
     ) -> None:
         self.root = root
         self.options = options
@@ -348,6 +358,9 @@ class AutoPlanner(_CompilesRegions):
         self.idle_state = idle_state  # tensors no forward or backward reads (the optimizer's state)
         self.activation_bytes = activation_bytes  # the eager step's activations (memory.graph_pool_misfit)
         self.room_bytes = room_bytes  # what a new reservation can take now (memory.room_bytes)
+        # (name, module, held input, options) -> a child compiling it (compile_callback.background), or None: off.
+        self.background = background
+        self.background_always = background_always  # asked for (True), not chosen where it pays (None)
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
@@ -487,13 +500,14 @@ class AutoPlanner(_CompilesRegions):
         control = label + CONTROL
         interleaved = options.mode != "reduce-overhead"
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
+        background = yield from self._prepare(candidate.region, options, candidate.units)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
             control, windows = yield from self._control_window(control)
             misfit = self._graph_pool_misfit()
             if misfit is not None:
-                self._decide(candidate, options, kept=False, reason=misfit)
+                self._decide(candidate, options, kept=False, reason=misfit, background=background)
                 return None
         self._last_failure = ""
         self.watch.add_region(candidate.region)
@@ -507,7 +521,7 @@ class AutoPlanner(_CompilesRegions):
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
                          max_rel_error=verdict.max_rel_error if verdict.error is None else None,
-                         verified=self._verified(verdict))
+                         verified=self._verified(verdict), background=background)
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -522,7 +536,7 @@ class AutoPlanner(_CompilesRegions):
                 failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
-                         reason=f"failed at run time during its trial, reverted to eager: {failure}")
+                         reason=f"failed at run time during its trial, reverted to eager: {failure}", background=background)
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
@@ -544,8 +558,43 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     max_rel_error=verdict.max_rel_error if self.verify else None, verified=self._verified(verdict))
+                     max_rel_error=verdict.max_rel_error if self.verify else None, verified=self._verified(verdict),
+                     background=background)
         return trial_ms if keep else None
+
+    def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, str | None]:
+        """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
+        while training goes on with the plan before it, one batch a ``yield``; returns what the decision
+        says of it (None where background compiles are off). The trial then compiles here, from the
+        cache the child filled, or cold where it could not. Unless asked for always, only a compile long
+        enough to be worth a child's start-up, in a run long enough for the child to finish."""
+        held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
+        if self.background is None or held is None:
+            return None
+        if not self.background_always:
+            estimate = self._costs().seconds(units)
+            if estimate is None or estimate < BACKGROUND_MIN_COMPILE_S:
+                return None  # compiling here stops training briefly: no child
+            left_s = self.remaining_batches() * (self.eager_ms or 0.0) / 1e3
+            if left_s < 2 * (estimate + BACKGROUND_MIN_COMPILE_S):
+                return (f"not prepared in the background: the batches left (~{left_s:.0f} s eager) may end before a "
+                        f"child's ~{estimate:.0f} s compile and start-up")
+        try:
+            child = self.background(region.module_names[0], region.modules[0], held, options)
+        except Unavailable as why:
+            return f"not prepared in the background: {why}"
+        # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
+        waiting = f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report was made"
+        self.notes.append(waiting)
+        try:
+            while not child.done():
+                yield WARMUP
+        except GeneratorExit:  # the fit ended while the child compiled: not tried
+            child.discard()
+            raise
+        self.notes.remove(waiting)
+        ok, detail = child.outcome()
+        return f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}"
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
@@ -623,19 +672,21 @@ class AutoPlanner(_CompilesRegions):
         if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
-        control = "trial:reduce-overhead" + CONTROL
-        control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         kept = list(self._kept)
-        misfit = self._graph_pool_misfit()
-        if misfit is not None:
-            self.decisions.append(Decision(region="+".join(r.name for r in kept), modules=[n for r in kept for n in r.module_names],
-                                           mode="reduce-overhead", kept=False, reason=misfit, step=self._batch_index))
-            return
-        saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
-        saved_with = {id(r): r.compiled_with for r in kept}
         options = dataclasses.replace(self.options, mode="reduce-overhead")
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
+        units = sum(c.units for c in self._all_candidates if c.region in kept)
+        background = yield from self._prepare(group, options, units)
+        control = "trial:reduce-overhead" + CONTROL
+        control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
+        misfit = self._graph_pool_misfit()
+        if misfit is not None:
+            self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
+                                           kept=False, reason=misfit, step=self._batch_index, background=background))
+            return
+        saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
+        saved_with = {id(r): r.compiled_with for r in kept}
         names = [r.name for r in kept]  # the watch counts compiles by the kept regions' names
         compile_before = self._compile_counts(names)
         compile_region(group, options)
@@ -697,7 +748,7 @@ class AutoPlanner(_CompilesRegions):
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                                        compile_seconds=compile_seconds or None, compile_cache=compile_cache,
                                        max_rel_error=verdict.max_rel_error if verdict.error is None else None,
-                                       verified=self._verified(verdict)))
+                                       verified=self._verified(verdict), background=background))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'

@@ -50,6 +50,7 @@ class Decision:
     max_rel_error: float | None = None
     verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
     compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
+    background: str | None = None  # "prepared in the background: ..." or why not; None: background compiles off
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,6 +63,11 @@ class Decision:
             # Saved before decisions said it: a checked region had its error recorded, a failed one said so.
             data["verified"] = not str(data.get("reason", "")).startswith("numerics")
         return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+def _background(decision: dict[str, Any]) -> str:
+    """What a decision says of its background compile, after its reason (nothing where they were off)."""
+    return f"; {decision['background']}" if decision.get("background") else ""
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -101,6 +107,7 @@ def render_table(report: dict[str, Any]) -> str:
                 f"  {item['region'][:24]:<24} {item['mode'][:16]:<16} {'yes' if item['kept'] else 'no':<5} "
                 f"{_fmt(item.get('speedup'), '.3f'):>8} {_fmt(item.get('compile_seconds'), '.1f'):>9} "
                 f"{_cache_word(item.get('compile_cache')):<5} {_fmt(item.get('max_rel_error'), '.1e'):>9}  {item['reason']}"
+                f"{_background(item)}"
             )
     regions = report.get("regions", {})
     if regions:
@@ -166,7 +173,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| `{item['region']}` | {item['mode']} | {'yes' if item['kept'] else 'no'} | "
                 f"{_fmt(item.get('time_share'), '.0%')} | {_fmt(item.get('speedup'), '.3f')} | "
                 f"{_fmt(item.get('compile_seconds'), '.1f')} | {item.get('compile_cache') or '-'} | "
-                f"{_fmt(item.get('max_rel_error'), '.1e')} | {item['reason']} |"
+                f"{_fmt(item.get('max_rel_error'), '.1e')} | {item['reason']}{_background(item)} |"
             )
         out.append("")
     if report.get("regions"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compile_callback import torch_internals
+from compile_callback import background, torch_internals
 from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
 from compile_callback.churn import ChurnAction, ChurnPolicy, RecompileChurnError, not_padded, remedies, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
@@ -255,6 +256,8 @@ class CompileRun:
         compile_options = config.compile_options(self.backend)
         if config.regions == AUTO:
             self.watch = CompileWatch({}, names)
+            background_off = background.policy(config.background_compile, device=device, world_size=env.world_size,
+                                               options=compile_options)
             self.planner = AutoPlanner(
                 module, compile_options, timer=self.timer, watch=self.watch, device=device,
                 warmup_steps=config.warmup_steps, profile_steps=PROFILE_STEPS,
@@ -268,7 +271,14 @@ class CompileRun:
                 idle_state=lambda: optimizer_state_tensors(env.optimizers()),
                 activation_bytes=lambda: self._eager_activations,
                 room_bytes=lambda: room_bytes(device),
+                background=None if background_off else functools.partial(
+                    background.start, context=env.forward_context, device=device, verify=config.verify,
+                    tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations,
+                ),
+                background_always=config.background_compile is True,
             )
+            if background_off and (config.background_compile or device.type == "cuda"):
+                self.planner.notes.append(background_off)
         else:
             regions = resolve_regions(module, config.region_names)
             self.watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)

@@ -25,6 +25,10 @@ What we read, and why it is the right source:
 - ``torch._inductor.list_options()``: the option names ``torch.compile(options=...)`` accepts, so a
   misspelt one fails in ``setup`` rather than at the first compile, mid-training. (2.14.1: 644 names.)
 - ``torch._functorch.config.force_non_lazy_backward_lowering``: see :func:`compile_backward_with_forward`.
+- ``save_config()`` / ``load_config()`` of ``torch._dynamo.config``, ``torch._inductor.config`` and
+  ``torch._functorch.config``, and ``torch._inductor.config.fx_graph_cache`` / ``force_disable_caches``:
+  a background compile's child process compiles under the run's configuration (it is part of Inductor's
+  cache keys), and only where the FX-graph cache can hand the result over (:mod:`compile_callback.background`).
 - Profiler event names that torch gives its compiled code: ``CompiledFunction`` and
   ``CompiledFunctionBackward`` (AOTAutograd's forward and backward), ``## Call CompiledFxGraph <key> ##``
   (Inductor's compiled graph) and ``TorchDynamo Cache Lookup`` (dynamo checking a frame's guards).
@@ -442,3 +446,40 @@ def inductor_option_names() -> set[str]:
     import torch._inductor
 
     return set(torch._inductor.list_options())
+
+
+def compile_config_snapshot() -> dict[str, bytes]:
+    """Dynamo's, AOTAutograd's and Inductor's configuration now, as bytes another process can load
+    (:func:`load_compile_config_snapshot`): a compile there then keys its caches as a compile here would."""
+    import torch._dynamo.config
+    import torch._functorch.config
+    import torch._inductor.config
+
+    return {
+        "dynamo": torch._dynamo.config.save_config(),
+        "functorch": torch._functorch.config.save_config(),
+        "inductor": torch._inductor.config.save_config(),
+    }
+
+
+def load_compile_config_snapshot(snapshot: dict[str, bytes]) -> None:
+    import torch._dynamo.config
+    import torch._functorch.config
+    import torch._inductor.config
+
+    import warnings
+
+    with warnings.catch_warnings():  # deprecated keys are saved and loaded too; loading them warns
+        warnings.simplefilter("ignore", FutureWarning)
+        torch._dynamo.config.load_config(snapshot["dynamo"])
+        torch._functorch.config.load_config(snapshot["functorch"])
+        torch._inductor.config.load_config(snapshot["inductor"])
+
+
+def fx_graph_cache_on() -> bool:
+    """Whether Inductor keeps compiled graphs in its on-disk FX-graph cache (a compile another process
+    made can then be reused here)."""
+    import torch._inductor.config
+
+    config = torch._inductor.config
+    return bool(config.fx_graph_cache) and not bool(getattr(config, "force_disable_caches", False))

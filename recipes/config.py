@@ -162,6 +162,7 @@ class CallbackConfig:
     log_every_n_steps: Optional[int] = None
     report: bool = True
     anatomy: bool = True  # sample a few steps under torch.profiler: graph coverage, fallback kernels, guard cost
+    background_compile: Optional[bool] = None  # compile candidates in a child process first; None: where it pays
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""Background compiles (issue 22, item 3): a child process compiles the candidate while training goes on,
+and every way that can fail leaves the trial compiling in-process, the run intact, the reason reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from compile_callback import CompileCallback
+from compile_callback.background import policy
+from compile_callback.regions import CompileOptions
+from compile_callback.report import render_markdown
+from tests.conftest import FasterCompiled, loader, make_trainer
+
+STEPS = 200
+
+
+def _fit(tmp_path, model, backend="eager"):
+    callback = CompileCallback(backend=backend, background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert trainer.global_step == STEPS and model.batches_seen == STEPS  # no batch lost or repeated
+    decisions = callback.last_report["decisions"]
+    assert [d["region"] for d in decisions] == ["model"]
+    return callback, decisions[0]
+
+
+@pytest.mark.slow
+def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path):
+    model = FasterCompiled()
+    callback, decision = _fit(tmp_path, model)
+    assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
+    assert decision["kept"] and decision["verified"] is True
+    # While the child compiled (a fresh interpreter: seconds), training went on eagerly: each such
+    # batch ran the model's Python forward (100 ms of sleep each), far more than the trial's own.
+    assert model.eager_forwards > 30
+    assert not any("compiling in the background" in note for note in callback.last_report["plan"]["notes"])
+    assert "; prepared in the background: the child compiled" in render_markdown(callback.last_report)
+
+
+class Unpicklable(FasterCompiled):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = lambda x: x  # a lambda does not pickle: the child cannot get the module
+
+
+def test_a_module_that_does_not_pickle_is_compiled_in_process(tmp_path):
+    _, decision = _fit(tmp_path, Unpicklable())
+    assert decision["background"].startswith("not prepared in the background: the module does not pickle")
+    assert decision["kept"]  # the trial went on as without a background compile
+
+
+_PARENT_ONLY = "compile_callback_test_parent_only"
+
+
+@torch._dynamo.register_backend(name=_PARENT_ONLY)
+def _parent_only(graph_module, example_inputs):
+    """A backend registered in this process only: a child's compile with it fails."""
+    return graph_module.forward
+
+
+@pytest.mark.slow
+def test_a_child_that_fails_leaves_the_trial_to_compile_in_process(tmp_path):
+    model = FasterCompiled()
+    _, decision = _fit(tmp_path, model, backend=_PARENT_ONLY)
+    assert decision["background"].startswith("not prepared in the background: the child failed (exit code 1)")
+    assert _PARENT_ONLY in decision["background"]  # the child's own error, named
+    assert decision["kept"] and decision["verified"] is True
+
+
+def test_where_background_compiles_are_on():
+    inductor, cpu, cuda = CompileOptions(backend="inductor"), torch.device("cpu"), torch.device("cuda")
+    assert policy(None, device=cuda, world_size=1, options=inductor) is None
+    assert "off on CPU" in policy(None, device=cpu, world_size=1, options=inductor)
+    assert policy(True, device=cpu, world_size=1, options=inductor) is None  # asked for: CPU too
+    assert "(background_compile=False)" in policy(False, device=cuda, world_size=1, options=inductor)
+    assert "2 processes" in policy(True, device=cuda, world_size=2, options=inductor)
+    assert "backend given by name" in policy(True, device=cuda, world_size=1, options=CompileOptions(backend=_parent_only))
+    assert "'eager'" in policy(None, device=cuda, world_size=1, options=CompileOptions(backend="eager"))
+    with pytest.raises(ValueError, match="`background_compile` must be True, False or None"):
+        CompileCallback(background_compile="yes")
