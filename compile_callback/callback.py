@@ -86,6 +86,9 @@ class CompileCallback(Callback):
             coverage, the kernels compiled code hands to libraries or falls back on, and guard cost
             (``compile/anatomy/*``): one eager step before compiling, then one step each time the plan
             or its graphs changed, at most once an epoch; off, those figures are not reported.
+            ``None`` (default): on CPU only. On CUDA, profiler sessions left the process's host work
+            20-25% slower for the rest of its life (H200, torch 2.11), which biases the trials' eager
+            timings and whatever runs after the fit; ``True`` samples anyway.
         background_compile: compile each candidate first in a child process, into the run's Inductor
             cache, while training goes on with the plan before it; the trial then compiles from that
             cache (seconds instead of tens of seconds of stopped training). ``None``: where it can pay
@@ -126,7 +129,7 @@ class CompileCallback(Callback):
         cache_dir: str | None = None,
         log_every_n_steps: int | None = None,
         report: bool = True,
-        anatomy: bool = True,
+        anatomy: bool | None = None,
         background_compile: bool | None = None,
     ) -> None:
         super().__init__()

@@ -57,7 +57,7 @@ class CompileConfig:
     cache_dir: str | None = None
     log_every_n_steps: int | None = None
     report: bool = True
-    anatomy: bool = True
+    anatomy: bool | None = None
     background_compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -119,9 +119,11 @@ class CompileConfig:
             raise ValueError(f"`fullgraph` must be True or False; got {self.fullgraph!r}.")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):
             raise ValueError(f"`dynamic` must be True, False or None; got {self.dynamic!r}.")
-        for flag_name in ("verify", "report", "anatomy"):
+        for flag_name in ("verify", "report"):
             if not isinstance(getattr(self, flag_name), bool):
                 raise ValueError(f"`{flag_name}` must be True or False; got {getattr(self, flag_name)!r}.")
+        if self.anatomy is not None and not isinstance(self.anatomy, bool):
+            raise ValueError(f"`anatomy` must be True, False or None (on CPU only); got {self.anatomy!r}.")
         if self.verify_tolerance is not None:
             _check_float("verify_tolerance", self.verify_tolerance, 0.0)
         if self.on_recompile not in ON_RECOMPILE_POLICIES:

@@ -46,9 +46,15 @@ EAGER = "eager"
 COMPILED = "compiled"
 CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan before it
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
-# Below this estimated cold compile a trial compiles in-process (where background compiles are chosen,
-# not asked for): a child's fresh interpreter, torch import and device set-up take seconds of their own.
-BACKGROUND_MIN_COMPILE_S = 10.0
+# Where background compiles are chosen (not asked for): a compile estimated below BACKGROUND_MIN_COMPILE_S
+# stays in-process (it stops training about as long as the warm compile would), and a child is started
+# only where the batches left last twice its compile and CHILD_START_S (a fresh interpreter importing
+# torch and setting up the device; an estimate, not measured). A candidate prepared so costs about
+# WARM_COMPILE_SHARE of its cold compile in stopped training (warm from the cache on the H200: GPT-2's
+# whole model 1.4 s of 21 s, a warm restart 2.2 s of 26.8 s).
+BACKGROUND_MIN_COMPILE_S = 2.0
+CHILD_START_S = 10.0
+WARM_COMPILE_SHARE = 0.1
 CONTROL_WINDOWS = 3  # a CUDA-graph trial's control window, timed again (at most twice) while disturbed
 DISTURBED = 0.02  # ... where its median sits more than 2% above its lower decile (see timing.disturbed)
 
@@ -568,17 +574,10 @@ class AutoPlanner(_CompilesRegions):
         says of it (None where background compiles are off). The trial then compiles here, from the
         cache the child filled, or cold where it could not. Unless asked for always, only a compile long
         enough to be worth a child's start-up, in a run long enough for the child to finish."""
+        use, note = self._in_background(region, units)
+        if not use:
+            return note
         held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
-        if self.background is None or held is None:
-            return None
-        if not self.background_always:
-            estimate = self._costs().seconds(units)
-            if estimate is None or estimate < BACKGROUND_MIN_COMPILE_S:
-                return None  # compiling here stops training briefly: no child
-            left_s = self.remaining_batches() * (self.eager_ms or 0.0) / 1e3
-            if left_s < 2 * (estimate + BACKGROUND_MIN_COMPILE_S):
-                return (f"not prepared in the background: the batches left (~{left_s:.0f} s eager) may end before a "
-                        f"child's ~{estimate:.0f} s compile and start-up")
         try:
             child = self.background(region.module_names[0], region.modules[0], held, options)
         except Unavailable as why:
@@ -917,6 +916,23 @@ class AutoPlanner(_CompilesRegions):
         noise = math.hypot(median_noise(before_samples), median_noise(after_samples))
         return before_ms / after_ms, noise
 
+    def _in_background(self, region: Region, units: int) -> tuple[bool, str | None]:
+        """Whether ``region`` (``units`` in compile cost) is compiled first in a child process, and where
+        not, what its decision says (None: nothing worth saying). See :data:`BACKGROUND_MIN_COMPILE_S`."""
+        held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
+        if self.background is None or held is None:
+            return False, None
+        if self.background_always:
+            return True, None
+        estimate = self._costs().seconds(units)
+        if estimate is None or estimate < BACKGROUND_MIN_COMPILE_S:
+            return False, None  # compiling here stops training about as briefly
+        left_s = self.remaining_batches() * (self.eager_ms or 0.0) / 1e3
+        if left_s < 2 * (estimate + CHILD_START_S):
+            return False, (f"not prepared in the background: the batches left (~{left_s:.0f} s at eager speed) may end "
+                           f"before a child's ~{estimate:.0f} s compile and ~{CHILD_START_S:.0f} s start-up")
+        return True, None
+
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
         """Whether the batches left can repay ``candidate``'s compile, judged on this run's measured
         compiles only (a prior may order the candidates, never skip one)."""
@@ -927,10 +943,16 @@ class AutoPlanner(_CompilesRegions):
             reason = "skipped: the run ends before a trial could finish"
         elif costs.known and current_ms:
             estimate = costs.seconds(candidate.units) or 0.0
-            saving_s = saving_seconds(candidate.share, current_ms, remaining)
-            if saving_s < estimate:
-                reason = (f"skipped: {remaining} batches left save ~{saving_s:.1f} s, compiling costs ~{estimate:.1f} s "
-                          f"(estimated {costs.source})")
+            cost, how = estimate, f"compiling costs ~{estimate:.1f} s"
+            if self._in_background(candidate.region, candidate.units)[0]:
+                # Compiled first beside the run: training stops only for the warm compile, and the saving
+                # starts once the child is done.
+                remaining -= math.ceil((estimate + CHILD_START_S) * 1e3 / current_ms)
+                cost = WARM_COMPILE_SHARE * estimate
+                how = f"compiling costs ~{cost:.1f} s of stopped training after a background compile of ~{estimate:.1f} s"
+            saving_s = saving_seconds(candidate.share, current_ms, max(0, remaining))
+            if saving_s < cost:
+                reason = f"skipped: {max(0, remaining)} batches left save ~{saving_s:.1f} s, {how} (estimated {costs.source})"
         # Compile times and shares differ by rank; whether to try must not.
         if bool(self.agree(reason is None)):
             return True

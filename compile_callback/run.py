@@ -89,6 +89,20 @@ class FitEnv:
         return [self.broadcast(value, rank) for rank in range(self.world_size)]
 
 
+# Why anatomy=None samples nothing on a CUDA device (the report's note says it).
+ANATOMY_OFF_ON_CUDA = (
+    "anatomy not sampled (anatomy=None on CUDA): torch.profiler sessions, even CPU-only ones, left this process's "
+    "host work slower for the rest of its life on the H200 (eager ResNet-18 steps +20-25% after 30 sessions, a host "
+    "clock beside them flat), which would bias the trials' eager timings; anatomy=True samples anyway"
+)
+
+
+def anatomy_sampled(anatomy: bool | None, device: torch.device) -> bool:
+    """Whether the fit samples steps for the compile anatomy: as asked, else on CPU only (see
+    :data:`ANATOMY_OFF_ON_CUDA`)."""
+    return anatomy if anatomy is not None else device.type != "cuda"
+
+
 class CompileRun:
     """One fit: made in the callback's ``setup``, begun in ``on_fit_start``, released in ``teardown``."""
 
@@ -107,6 +121,7 @@ class CompileRun:
         self.notes: list[str] = []
         self.churn_actions: list[dict[str, Any]] = []
         self.anatomy_ops = OpAnatomy(config.backend)
+        self._anatomy_on = False  # whether steps are sampled for the anatomy (set in begin, by device)
         self.planner: Planner | None = None
         self.watch: CompileWatch | None = None
         self.timer: StepTimer | None = None
@@ -248,6 +263,9 @@ class CompileRun:
         device = next(module.parameters()).device
         names = {id(m): name for name, m in module.named_modules()}
         self.anatomy_ops.device_type = device.type
+        self._anatomy_on = anatomy_sampled(config.anatomy, device)
+        if config.anatomy is None and not self._anatomy_on:
+            self.notes.append(ANATOMY_OFF_ON_CUDA)
         self._on_gpu = device.type == "cuda"  # where a host sync costs time
         self._device = device
         self._planned_batches = env.planned_batches()
@@ -373,7 +391,7 @@ class CompileRun:
         planning = time.perf_counter()
         self._label = self.planner.before_batch(self.batch_index)
         self._stall_s += time.perf_counter() - planning  # verification and trial set-up, before the step
-        if self.config.anatomy and self.env.sample_anatomy:
+        if self._anatomy_on and self.env.sample_anatomy:
             watch = self.watch
             self.anatomy_ops.before_batch(
                 module,

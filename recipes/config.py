@@ -161,7 +161,7 @@ class CallbackConfig:
     cache_dir: Optional[str] = None  # warm restarts: plan (JSON) and Inductor caches kept here
     log_every_n_steps: Optional[int] = None
     report: bool = True
-    anatomy: bool = True  # sample a few steps under torch.profiler: graph coverage, fallback kernels, guard cost
+    anatomy: Optional[bool] = None  # sample steps under torch.profiler (graph coverage, fallbacks, guards); None: CPU only
     background_compile: Optional[bool] = None  # compile candidates in a child process first; None: where it pays
 
 

@@ -319,7 +319,7 @@ def test_images_are_padded_at_the_bottom_right_to_the_buckets(tmp_path, pad, edg
     (dict(min_speedup=0.9), r"`min_speedup` must be a number >= 1.0; got 0.9"),
     (dict(verify="yes"), r"`verify` must be True or False; got 'yes'"),
     (dict(report=1), r"`report` must be True or False; got 1"),
-    (dict(anatomy=None), r"`anatomy` must be True or False; got None"),
+    (dict(anatomy="yes"), r"`anatomy` must be True, False or None \(on CPU only\); got .yes."),
     (dict(verify_tolerance=-1e-3), r"`verify_tolerance` must be a number >= 0.0; got -0.001"),
     (dict(verify_tolerance="loose"), r"`verify_tolerance` must be a number >= 0.0; got 'loose'"),
     (dict(pad_multiple=0), r"`pad_multiple` must be an integer >= 1; got 0"),
@@ -337,3 +337,11 @@ def test_a_cache_dir_that_cannot_be_made_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"`cache_dir` '.*a_file/cache' cannot be created: .*Give a writable directory"):
         trainer.fit(model, loader())
     assert model.batches_seen == 0
+
+
+def test_the_anatomy_samples_on_cpu_by_default_and_on_cuda_only_when_asked():
+    from compile_callback.run import anatomy_sampled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert anatomy_sampled(None, cpu) and not anatomy_sampled(None, cuda)
+    assert anatomy_sampled(True, cuda) and not anatomy_sampled(False, cpu)
