@@ -21,7 +21,8 @@ from compile_callback import torch_internals
 from compile_callback.background import BackgroundCompile, Unavailable
 from compile_callback.memory import graph_pool_misfit
 from compile_callback.payback import (
-    CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds,
+    CompileCosts, Priced, after_background, background_pays, compile_units, graph_trial_unpaid, payback_order,
+    saving_seconds,
 )
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
@@ -46,15 +47,6 @@ EAGER = "eager"
 COMPILED = "compiled"
 CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan before it
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
-# Where background compiles are chosen (not asked for): a compile estimated below BACKGROUND_MIN_COMPILE_S
-# stays in-process (it stops training about as long as the warm compile would), and a child is started
-# only where the batches left last twice its compile and CHILD_START_S (a fresh interpreter importing
-# torch and setting up the device; an estimate, not measured). A candidate prepared so costs about
-# WARM_COMPILE_SHARE of its cold compile in stopped training (warm from the cache on the H200: GPT-2's
-# whole model 1.4 s of 21 s, a warm restart 2.2 s of 26.8 s).
-BACKGROUND_MIN_COMPILE_S = 2.0
-CHILD_START_S = 10.0
-WARM_COMPILE_SHARE = 0.1
 CONTROL_WINDOWS = 3  # a CUDA-graph trial's control window, timed again (at most twice) while disturbed
 DISTURBED = 0.02  # ... where its median sits more than 2% above its lower decile (see timing.disturbed)
 
@@ -313,8 +305,8 @@ class AutoPlanner(_CompilesRegions):
         context: the training step's forward context for verification (precision/autocast).
         background: starts a child process that compiles a candidate into the run's Inductor cache while
             training goes on (:mod:`compile_callback.background`); None: trials compile in-process.
-        background_always: use ``background`` for every candidate; else only for one whose cold compile
-            is estimated above :data:`BACKGROUND_MIN_COMPILE_S` and that the run is long enough for.
+        background_always: use ``background`` for every candidate; else where it pays
+            (:func:`~compile_callback.payback.background_pays`).
     """
 
     # Long on purpose: the planner's settings and the per-fit state it starts from, listed once.
@@ -918,20 +910,13 @@ class AutoPlanner(_CompilesRegions):
 
     def _in_background(self, region: Region, units: int) -> tuple[bool, str | None]:
         """Whether ``region`` (``units`` in compile cost) is compiled first in a child process, and where
-        not, what its decision says (None: nothing worth saying). See :data:`BACKGROUND_MIN_COMPILE_S`."""
+        not, what its decision says (None: nothing worth saying); see :func:`payback.background_pays`."""
         held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
         if self.background is None or held is None:
             return False, None
         if self.background_always:
             return True, None
-        estimate = self._costs().seconds(units)
-        if estimate is None or estimate < BACKGROUND_MIN_COMPILE_S:
-            return False, None  # compiling here stops training about as briefly
-        left_s = self.remaining_batches() * (self.eager_ms or 0.0) / 1e3
-        if left_s < 2 * (estimate + CHILD_START_S):
-            return False, (f"not prepared in the background: the batches left (~{left_s:.0f} s at eager speed) may end "
-                           f"before a child's ~{estimate:.0f} s compile and ~{CHILD_START_S:.0f} s start-up")
-        return True, None
+        return background_pays(self._costs().seconds(units), left_s=self.remaining_batches() * (self.eager_ms or 0.0) / 1e3)
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
         """Whether the batches left can repay ``candidate``'s compile, judged on this run's measured
@@ -945,10 +930,7 @@ class AutoPlanner(_CompilesRegions):
             estimate = costs.seconds(candidate.units) or 0.0
             cost, how = estimate, f"compiling costs ~{estimate:.1f} s"
             if self._in_background(candidate.region, candidate.units)[0]:
-                # Compiled first beside the run: training stops only for the warm compile, and the saving
-                # starts once the child is done.
-                remaining -= math.ceil((estimate + CHILD_START_S) * 1e3 / current_ms)
-                cost = WARM_COMPILE_SHARE * estimate
+                cost, remaining = after_background(estimate, step_ms=current_ms, batches=remaining)
                 how = f"compiling costs ~{cost:.1f} s of stopped training after a background compile of ~{estimate:.1f} s"
             saving_s = saving_seconds(candidate.share, current_ms, max(0, remaining))
             if saving_s < cost:

@@ -174,3 +174,18 @@ def test_the_step_that_holds_inputs_is_not_timed(monkeypatch):
     assert len(profiler.held_inputs) == 13
     assert forward[""] < 15, forward  # the 13 copies (260 ms) in step 1 are not in the mean
     assert sum(forward[f"blocks.{i}"] for i in range(12)) / forward[""] > 0.3
+
+
+def test_a_compile_in_the_background_is_priced_by_the_stopped_training_and_the_batches_after_it():
+    # GPT-2's blocks (~3.2 s cold) in a 1000-step run at 43 ms: ~43 s of eager steps left, enough for a
+    # child's compile and start-up twice over; the whole model (~19 s) is not, and a 1 s head compiles here.
+    assert payback.background_pays(3.15, left_s=43.0) == (True, None)
+    use, note = payback.background_pays(18.75, left_s=43.0)
+    assert not use and "the batches left (~43 s at eager speed) may end before a child's ~19 s compile" in note
+    assert payback.background_pays(1.0, left_s=1000.0) == (False, None)
+    assert payback.background_pays(None, left_s=1000.0) == (False, None)  # no estimate (no prior): in-process
+    # Prepared beside the run: training stops for a tenth of the compile, and the saving starts once the
+    # child is done ((3.15 + 10) s at 43 ms a step: 306 batches later).
+    stopped, left = payback.after_background(3.15, step_ms=43.0, batches=900)
+    assert stopped == pytest.approx(0.315) and left == 900 - 306
+    assert payback.after_background(30.0, step_ms=43.0, batches=100) == (pytest.approx(3.0), 0)

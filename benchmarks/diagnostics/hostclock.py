@@ -58,7 +58,6 @@ def sample() -> dict[str, Any]:
 
 
 def run(out: str, interval: float, seconds: float | None) -> None:
-    torch.set_num_threads(1)
     stop = time.monotonic() + seconds if seconds else None
     with open(out, "a") as handle:
         while stop is None or time.monotonic() < stop:

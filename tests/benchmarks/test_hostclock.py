@@ -4,8 +4,6 @@ variant's steps are set against them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -31,14 +29,13 @@ def test_a_slower_variant_is_charged_to_the_host_only_as_far_as_the_clock_slowed
     assert rows["eager_end"]["process_over_host"] == pytest.approx(1.3 / 1.2)
 
 
-def test_the_clock_writes_one_reading_per_sample_and_reads_them_back(tmp_path):
+def test_the_clock_writes_one_reading_per_sample_and_reads_them_back(tmp_path, capsys):
     clock, result = tmp_path / "clock.jsonl", tmp_path / "result.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.diagnostics.hostclock", "run", "--out", str(clock),
-                    "--interval", "0.05", "--seconds", "0.5"], check=True, timeout=120)
+    hostclock.main(["run", "--out", str(clock), "--interval", "0.05", "--seconds", "0.3"])
     samples = [json.loads(line) for line in clock.read_text().splitlines()]
     assert len(samples) >= 2 and all(s["py_ms"] > 0 and s["ops_ms"] > 0 for s in samples)
     result.write_text(json.dumps({"workload": "w", "records": [
         {"variant": "eager", "median_ms": 2.0, "started_at": samples[0]["t"] - 1, "ended_at": samples[-1]["t"] + 1}]}))
-    printed = subprocess.run([sys.executable, "-m", "benchmarks.diagnostics.hostclock", "read", str(clock), str(result)],
-                             check=True, capture_output=True, text=True, timeout=120).stdout
+    hostclock.main(["read", str(clock), str(result)])
+    printed = capsys.readouterr().out
     assert "eager" in printed and "step_vs_eager 1.000" in printed and "clock_vs_eager 1.000" in printed
