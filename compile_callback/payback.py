@@ -159,13 +159,21 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
 
 # Background compiles (compile_callback.background), where chosen rather than asked for: a compile
 # estimated below BACKGROUND_MIN_COMPILE_S stays in-process (it stops training about as briefly as the warm
-# compile would), and a child is started only where the batches left last twice its compile and
-# CHILD_START_S (a fresh interpreter importing torch and setting up the device: an estimate, not measured).
-# A candidate prepared so stops training for about WARM_COMPILE_SHARE of its cold compile (from the cache
-# on the H200: GPT-2's whole model 1.4 s of 21 s, a warm restart 2.2 s of 26.8 s).
+# compile would), and a child is started only where the batches left last twice its time. Measured on the
+# H200 (GPT-2 recipe, its blocks, 2026-12-02): the child's start-up (a fresh interpreter importing torch,
+# setting up the device, loading the copy) took 14.7 s and its compile and checks 24.1 s beside the training
+# loop, against 6.8 s for the same compile in-process: CHILD_START_S and CHILD_COMPILE_FACTOR. The trial then
+# compiled from the warm cache in 1.4 s: a prepared candidate stops training for about WARM_COMPILE_SHARE of
+# its cold compile (GPT-2's whole model 1.4 s of 21 s, a warm restart 2.2 s of 26.8 s).
 BACKGROUND_MIN_COMPILE_S = 2.0
-CHILD_START_S = 10.0
+CHILD_START_S = 15.0
+CHILD_COMPILE_FACTOR = 3.0
 WARM_COMPILE_SHARE = 0.1
+
+
+def child_seconds(estimate_s: float) -> float:
+    """How long a child takes to prepare a compile estimated at ``estimate_s`` in-process."""
+    return CHILD_START_S + CHILD_COMPILE_FACTOR * estimate_s
 
 
 def background_pays(estimate_s: float | None, *, left_s: float) -> tuple[bool, str | None]:
@@ -174,14 +182,14 @@ def background_pays(estimate_s: float | None, *, left_s: float) -> tuple[bool, s
     (None: nothing worth saying)."""
     if estimate_s is None or estimate_s < BACKGROUND_MIN_COMPILE_S:
         return False, None
-    if left_s < 2 * (estimate_s + CHILD_START_S):
-        return False, (f"not prepared in the background: the batches left (~{left_s:.0f} s at eager speed) may end "
-                       f"before a child's ~{estimate_s:.0f} s compile and ~{CHILD_START_S:.0f} s start-up")
+    if left_s < 2 * child_seconds(estimate_s):
+        return False, (f"not prepared in the background: the batches left (~{left_s:.0f} s at eager speed) are too "
+                       f"few for a child's ~{child_seconds(estimate_s):.0f} s (start-up and compile) and the trial after it")
     return True, None
 
 
 def after_background(estimate_s: float, *, step_ms: float, batches: int) -> tuple[float, int]:
     """A background-prepared candidate's price: (seconds of stopped training, batches left to save in
     once the child is done; training runs the plan before it meanwhile)."""
-    waiting = math.ceil((estimate_s + CHILD_START_S) * 1e3 / step_ms)
+    waiting = math.ceil(child_seconds(estimate_s) * 1e3 / step_ms)
     return WARM_COMPILE_SHARE * estimate_s, max(0, batches - waiting)
