@@ -39,6 +39,34 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="a trial does not wait for its background compile",
+        path="compile_callback/planner.py",
+        old="            while not child.done():\n                yield WARMUP\n",
+        new="            while False:\n                yield WARMUP\n",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
+        name="a module that does not pickle ends the fit instead of compiling in-process",
+        path="compile_callback/planner.py",
+        old="        except Unavailable as why:\n            return f\"not prepared in the background: {why}\"\n",
+        new="        except KeyError as why:\n            return f\"not prepared in the background: {why}\"\n",
+        tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
+    ),
+    Mutation(
+        name="the anatomy samples on CUDA by default",
+        path="compile_callback/run.py",
+        old="    return anatomy if anatomy is not None else device.type != \"cuda\"\n",
+        new="    return anatomy if anatomy is not None else True\n",
+        tests=("tests/test_options.py::test_the_anatomy_samples_on_cpu_by_default_and_on_cuda_only_when_asked",),
+    ),
+    Mutation(
+        name="the in-fit A/B alternates its blocks ABAB (a drift favours one side)",
+        path="benchmarks/measure.py",
+        old="        return block % 4 in (0, 3)\n",
+        new="        return block % 2 == 0\n",
+        tests=("tests/benchmarks/test_smoke.py::test_an_in_fit_ab_runs_abba_blocks_after_the_steady_window_and_is_timed_apart",),
+    ),
+    Mutation(
         name="a disturbed CUDA-graph control window is not timed again",
         path="compile_callback/planner.py",
         old="        while windows < CONTROL_WINDOWS and not self._by_shape:\n",
