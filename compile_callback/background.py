@@ -218,18 +218,35 @@ def start(
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "compile_callback.background", payload], stdout=output, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            [sys.executable, "-m", "compile_callback.background", payload, str(os.getpid())],
+            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )
     return BackgroundCompile(process, payload, log, time.monotonic())
 
 
-def _child(path: str) -> int:
+def _watch_parent(parent: int) -> None:
+    """Ends this child when the run that started it is gone (killed, crashed) or past the time limit:
+    a compile nobody will read must not go on holding a GPU and CPUs."""
+    import threading
+
+    started = time.monotonic()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent or time.monotonic() - started > CHILD_TIME_LIMIT_S:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _child(path: str, parent: int) -> int:
     """The child: load, compile as a trial does, run the verification's runs, say how it went."""
-    from compile_callback.profile import _copy
     from compile_callback.planner import warm_call
+    from compile_callback.profile import _copy
     from compile_callback.verify import verify_module
 
+    _watch_parent(parent)
     started = time.monotonic()
     with open(path, "rb") as file:
         header = pickle.load(file)
@@ -267,4 +284,4 @@ def _child(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    sys.exit(_child(sys.argv[1], int(sys.argv[2])))
