@@ -32,6 +32,7 @@ from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, pla
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
 from compile_callback.regions import backend_name, resolve_regions, revert_region, uses_cuda_graphs
 from compile_callback.report import build_suggestions, ddp_note
+from compile_callback.reprice import Repricer
 from compile_callback import telemetry
 from compile_callback.timing import StepTimer, steady_speedup, summarize
 from compile_callback.verify import optimizer_state_tensors
@@ -143,6 +144,8 @@ class CompileRun:
         self._plan_file: str | None = None
         self._previous_inductor_cache: tuple[str | None] | None = None  # while ours is set
         self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
+        self.repricer = Repricer()  # eager timed again beside the frozen plan (compile_callback.reprice)
+        self._reprice_stance: Any = None  # force_eager for one batch of a re-pricing round
         self._stall_s = 0.0  # seconds the training loop waited for compiling and checking (compile/stall_s)
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
@@ -391,6 +394,11 @@ class CompileRun:
         planning = time.perf_counter()
         self._label = self.planner.before_batch(self.batch_index)
         self._stall_s += time.perf_counter() - planning  # verification and trial set-up, before the step
+        repricing = self._repricing_step()
+        if repricing is not None:
+            eager, self._label = repricing
+            if eager:
+                self._reprice_stance = torch.compiler.set_stance("force_eager")  # ended in after_batch / release
         if self._anatomy_on and self.env.sample_anatomy:
             watch = self.watch
             self.anatomy_ops.before_batch(
@@ -428,6 +436,7 @@ class CompileRun:
         # nor is a profiled one.
         key = batch_shapes(batch) if self._keys_wanted() else None
         self.timer.stop(None if compiled_now or sampled else self._label, key=key)
+        self._end_repricing_batch()
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)
             self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3
@@ -440,6 +449,45 @@ class CompileRun:
         # not only at an epoch's end (one long epoch, or an iterable dataset with max_steps).
         every_rank_here = self.config.on_recompile != "warn" and self.batch_index % self.env.log_every == 0
         self.check_churn(step, every_rank_here=every_rank_here)
+
+    def _repricing_step(self) -> tuple[bool, str | None] | None:
+        """This batch's part in a re-pricing round (:mod:`compile_callback.reprice`): None (none), or
+        (runs eagerly, timer label). Rounds start once the plan froze with something compiled, where
+        batches come in one shape and, under CUDA graphs, eager activations fit beside the pool."""
+        assert self.planner is not None
+        if not self.planner.frozen or not any(r.is_compiled for r in self.planner.regions):
+            return None
+        self.repricer.plan_frozen(self.batch_index)
+        if self.repricer.due(self.batch_index):
+            why = None
+            if self._keys_wanted():
+                why = "batches come in several shapes: the trials priced them shape by shape"
+            elif self._on_gpu and uses_cuda_graphs(self.planner.regions):
+                room, need = room_bytes(self._device), int(1.2 * (self._eager_activations or 0))
+                if room is not None and room < need:
+                    why = (f"eager steps beside the CUDA graphs' pool need ~{need / GB:.1f} GB, the device has "
+                           f"{room / GB:.1f} GB free")
+            if self.env.multi_process:
+                why = self.env.broadcast(why, 0)
+            if why is not None:
+                self.repricer.stop(f"compile/speedup not re-measured late in the run: {why}")
+                return None
+        return self.repricer.step(self.batch_index)
+
+    def _end_repricing_batch(self) -> None:
+        """Back to the plan after a round's eager batch; at a round's end, its ratio prices the plan."""
+        if self._reprice_stance is not None:
+            self._reprice_stance.__exit__(None, None, None)
+            self._reprice_stance = None
+        if not self.repricer.round_over(self.batch_index):
+            return
+        assert self.timer is not None
+        eager, compiled = self.repricer.labels()
+        self.repricer.finish(
+            self.batch_index, self.timer.samples_ms(eager, wait=True), self.timer.samples_ms(compiled, wait=True)
+        )
+        if self.env.multi_process:  # rank 0's timings price the plan on every rank
+            self.repricer.rounds = self.env.broadcast(self.repricer.rounds, 0)
 
     def start_probe(self, *, allowed: bool) -> None:
         """The batch's last act (after logging): the host-sync probe of the interval to the next batch, when
@@ -652,8 +700,12 @@ class CompileRun:
 
     # -- metrics and report ------------------------------------------------------------------------
     def _speedup(self, eager_ms: float | None, compiled_ms: float | None) -> tuple[float | None, str]:
-        """``compile/speedup`` and how it was priced (:func:`timing.steady_speedup`)."""
+        """``compile/speedup`` and how it was priced: the latest re-pricing round where one ran, else
+        :func:`timing.steady_speedup`."""
         assert self.timer is not None and self.planner is not None
+        latest = self.repricer.latest()
+        if latest is not None and any(r.is_compiled for r in self.planner.regions):
+            return latest.speedup, "re-measured"
         return steady_speedup(
             self.planner.priced_speedup(),
             kept=any(d.kept for d in self.planner.decisions),
@@ -678,6 +730,9 @@ class CompileRun:
         first = self.planner.decisions[0] if self.planner.decisions else None
         if priced is not None and first is not None and first.baseline_ms:
             eager_ms = first.baseline_ms  # eager as timed beside the first trial, which prices the plan
+        latest = self.repricer.latest() if any(r.is_compiled for r in self.planner.regions) else None
+        if latest is not None:
+            eager_ms = latest.eager_ms  # eager as timed in the latest round, which prices the plan now
         kept = sum(1 for d in self.planner.decisions if d.kept)
         values: dict[str, float | None] = {
             telemetry.STEP_TIME_MS: compiled_ms,
@@ -686,6 +741,7 @@ class CompileRun:
             # Two standard errors either side of a trial-priced speedup.
             telemetry.SPEEDUP_LOW: priced[0] * (1 - 2 * priced[1]) if priced else None,
             telemetry.SPEEDUP_HIGH: priced[0] * (1 + 2 * priced[1]) if priced else None,
+            **({telemetry.SPEEDUP_LOW: min(latest.cycles), telemetry.SPEEDUP_HIGH: max(latest.cycles)} if latest else {}),
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
             telemetry.STALL_S: self._stall_s,
             telemetry.GRAPHS: totals["graphs"],
@@ -811,7 +867,8 @@ class CompileRun:
             return [{"region": name, "reason": item["reason"], "count": item["count"]}
                     for name, stats in regions.items() for item in stats[key]]
 
-        notes = [note for note in (ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])), self._rank_note) if note]
+        notes = [note for note in (ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])), self._rank_note,
+                                   self.repricer.skipped) if note]
         return {
             "summary": self._summary(metrics),
             "ranks": self.ranks,
@@ -897,6 +954,9 @@ class CompileRun:
         settings, dynamo's compile hooks, a trial cut short. Safe to call twice."""
         self.anatomy_ops.close()
         self._end_eager_validation()
+        if self._reprice_stance is not None:  # a fit that raised inside a round's eager batch
+            self._reprice_stance.__exit__(None, None, None)
+            self._reprice_stance = None
         if self.planner is not None:
             self.planner.close()
         if self._previous_backward_lowering is not None:

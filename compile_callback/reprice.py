@@ -1,0 +1,131 @@
+"""Re-pricing: eager timed again beside the kept plan, late in the run, so ``compile/speedup`` stays current.
+
+A plan is priced by its trials, each against the plan before it in the same stretch of the run. On a
+host-bound step that price goes stale: on the H200 the host's speed drifts over minutes and moves eager
+and compiled steps by different amounts (ResNet-18 CIFAR: trials priced 2.84x at batch 100; eager and
+compiled blocks taken in turn after batch 240 read 2.60x; timm ViT-B 1.36x against 1.22x). So once the
+plan has frozen, at chosen batches, a round runs ABBA blocks (eager, compiled, compiled, eager; the
+first step of each block not timed): eager by ``torch.compiler.set_stance("force_eager")`` for the
+run's own modules and batches, no recompile. The round's ratio of medians becomes the speedup, its
+cycles' spread the uncertainty.
+
+Costs, kept small on purpose: a round's eager steps take longer than the plan's; the next round waits
+until that excess is at most :data:`BUDGET` of the compiled time since (0.5%), and the first waits
+:data:`FIRST_AFTER` batches after the plan froze. Rounds run only where batches come in one shape (a
+mix would spread each block; several shapes are priced shape by shape already), and, for a plan of CUDA
+graphs, only where the device has room for eager activations beside the graphs' pool (the memory rule
+of issue 19); otherwise the trials' price stands and the report says why. Under DDP every rank runs the
+same rounds (the schedule follows the batch index) and rank 0's ratio is everyone's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any
+
+BLOCK = 4  # steps per block, the first not timed
+CYCLES = 2  # ABBA cycles per round
+BUDGET = 0.005  # a round's extra time (eager over compiled) as a share of the compiled time until the next
+FIRST_AFTER = 500  # batches after the plan froze before the first round
+EAGER, COMPILED = "reprice:eager", "reprice:compiled"  # the timer's labels of a round's timed steps
+
+
+@dataclasses.dataclass
+class Round:
+    """One measured round: eager and compiled medians, their ratio, each cycle's ratio."""
+
+    batch: int  # the batch the round ended at
+    eager_ms: float
+    compiled_ms: float
+    cycles: list[float]
+
+    @property
+    def speedup(self) -> float:
+        return self.eager_ms / self.compiled_ms
+
+
+
+class Repricer:
+    """When a frozen plan's batches run eagerly to re-price it, and what the rounds found.
+
+    The run asks :meth:`step` before each batch once the plan froze: ``None`` (a plain plan step),
+    ``(eager, label)`` where ``label`` is the timer label (None: not timed) and ``eager`` whether the
+    batch runs under ``force_eager``. After a round's last batch it calls :meth:`finish` with the round's
+    timed samples.
+    """
+
+    def __init__(self, *, first_after: int | None = None, budget: float | None = None) -> None:
+        self.first_after = FIRST_AFTER if first_after is None else first_after
+        self.budget = BUDGET if budget is None else budget
+        self.next_at: int | None = None  # batch index of the next round's first batch
+        self.rounds: list[Round] = []
+        self._round_start: int | None = None
+        self._started = 0  # rounds begun: each round's samples go under labels of their own
+        self.skipped: str | None = None  # why rounds stopped (the report's note)
+
+    @property
+    def length(self) -> int:
+        return 4 * CYCLES * BLOCK
+
+    def plan_frozen(self, batch: int) -> None:
+        if self.next_at is None:
+            self.next_at = batch + self.first_after
+
+    def due(self, batch: int) -> bool:
+        """Whether a round would begin at ``batch`` (the run may still stop rounds first)."""
+        return self._round_start is None and self.skipped is None and self.next_at is not None and batch >= self.next_at
+
+    def step(self, batch: int) -> tuple[bool, str | None] | None:
+        """What batch ``batch`` is: None outside a round, else (runs eagerly, timer label or None)."""
+        if self._round_start is None:
+            if not self.due(batch):
+                return None
+            self._round_start = batch
+            self._started += 1
+        offset = batch - self._round_start
+        if offset >= self.length:
+            return None
+        block, within = divmod(offset, BLOCK)
+        eager = block % 4 in (0, 3)
+        eager_label, compiled_label = self.labels()
+        return eager, (None if within == 0 else eager_label if eager else compiled_label)
+
+    def labels(self) -> tuple[str, str]:
+        """The timer labels of the current (or last) round's eager and compiled steps."""
+        return f"{EAGER}#{self._started}", f"{COMPILED}#{self._started}"
+
+    def round_over(self, batch: int) -> bool:
+        """Whether ``batch`` was a round's last."""
+        return self._round_start is not None and batch - self._round_start == self.length - 1
+
+    def finish(self, batch: int, eager: list[float], compiled: list[float]) -> Round | None:
+        """Ends the round at ``batch`` from its timed samples, in order; schedules the next one."""
+        self._round_start = None
+        per_block = BLOCK - 1
+        if len(eager) < 2 * CYCLES * per_block or len(compiled) < 2 * CYCLES * per_block:
+            self.next_at = batch + self.first_after  # steps lost to compiles or sampling: try again later
+            return None
+        found = Round(batch, statistics.median(eager), statistics.median(compiled), [])
+        for cycle in range(CYCLES):
+            side = slice(2 * cycle * per_block, 2 * (cycle + 1) * per_block)
+            found.cycles.append(statistics.median(eager[side]) / statistics.median(compiled[side]))
+        self.rounds.append(found)
+        excess_ms = max(0.0, sum(eager) - sum(compiled) * len(eager) / len(compiled))
+        self.next_at = batch + max(self.first_after, math.ceil(excess_ms / (self.budget * found.compiled_ms)))
+        return found
+
+    def stop(self, why: str) -> None:
+        """No more rounds (the report says ``why``); a round under way ends unpriced."""
+        self.skipped = why
+        self._round_start = None
+
+    def latest(self) -> Round | None:
+        return self.rounds[-1] if self.rounds else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rounds": [dataclasses.asdict(r) for r in self.rounds]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rounds = [Round(**r) for r in state.get("rounds", [])]
