@@ -39,6 +39,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="a re-pricing round's eager blocks run compiled",
+        path="compile_callback/run.py",
+        old="                self._reprice_stance = torch.compiler.set_stance(\"force_eager\")  # ended in after_batch / release\n",
+        new="                pass\n",
+        tests=("tests/test_reprice.py::test_a_frozen_plan_is_repriced_with_eager_beside_it",),
+    ),
+    Mutation(
         name="a trial does not wait for its background compile",
         path="compile_callback/planner.py",
         old="            while not child.done():\n                yield WARMUP\n",
