@@ -486,8 +486,8 @@ class CompileRun:
         self.repricer.finish(
             self.batch_index, self.timer.samples_ms(eager, wait=True), self.timer.samples_ms(compiled, wait=True)
         )
-        if self.env.multi_process:  # rank 0's timings price the plan on every rank
-            self.repricer.rounds = self.env.broadcast(self.repricer.rounds, 0)
+        if self.env.multi_process:  # rank 0's timings price the plan, and time the next round, on every rank
+            self.repricer.rounds, self.repricer.next_at = self.env.broadcast((self.repricer.rounds, self.repricer.next_at), 0)
 
     def start_probe(self, *, allowed: bool) -> None:
         """The batch's last act (after logging): the host-sync probe of the interval to the next batch, when
