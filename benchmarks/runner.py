@@ -36,7 +36,6 @@ from benchmarks.variants import (
     skip_reason,
 )
 from benchmarks.workloads import Workload
-from compile_callback import telemetry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,19 +278,10 @@ def _set_eager_stance(eager: bool) -> None:
 
 
 def _before_ab(callback: Any, device: torch.device) -> dict[str, Any]:
-    """What the record takes from before the in-fit A/B: the callback's figures (the same keys as its
-    report's summary) and the peak memory of the fit so far."""
-    metrics = callback.run.metrics()
-    reported = {
-        "speedup": metrics.get(telemetry.SPEEDUP),
-        "step_time_ms": metrics.get(telemetry.STEP_TIME_MS),
-        "eager_step_time_ms": metrics.get(telemetry.EAGER_STEP_TIME_MS),
-        "memory_peak_gb": metrics.get(telemetry.MEMORY_PEAK_GB),
-        "memory_eager_peak_gb": metrics.get(telemetry.MEMORY_EAGER_PEAK_GB),
-        "memory_plan_peak_gb": metrics.get(telemetry.MEMORY_PLAN_PEAK_GB),
-    }
+    """What the record takes from before the in-fit A/B: the callback's report summary as it stands (its
+    figures, the keys of the final report's) and the peak memory of the fit so far."""
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"reported": reported, "peak_memory_gb": peak}
+    return {"reported": callback.run.build_report()["summary"], "peak_memory_gb": peak}
 
 
 def plan_frozen(callback: Any) -> bool | None:

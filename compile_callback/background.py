@@ -31,6 +31,7 @@ distributed runs compile in-process as before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -51,6 +52,7 @@ from compile_callback.regions import CompileOptions, Region, backend_name, compi
 
 CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the trial compiles here
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
+_RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
 
 
 class Unavailable(Exception):
@@ -166,9 +168,6 @@ class BackgroundCompile:
         return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all)"
 
 
-_RESULT = "COMPILE_CALLBACK_RESULT "
-
-
 def start(
     name: str,
     module: nn.Module,
@@ -264,8 +263,6 @@ def _child(path: str, parent: int) -> int:
     autocast = settings["autocast"]
 
     def context() -> Any:
-        import contextlib
-
         stack = contextlib.ExitStack()
         for device_type, dtype in autocast.items():
             stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))

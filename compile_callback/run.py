@@ -32,7 +32,7 @@ from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, pla
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
 from compile_callback.regions import backend_name, resolve_regions, revert_region, uses_cuda_graphs
 from compile_callback.report import build_suggestions, ddp_note
-from compile_callback.reprice import Repricer
+from compile_callback.reprice import Repricer, Round
 from compile_callback import telemetry
 from compile_callback.timing import StepTimer, steady_speedup, summarize
 from compile_callback.verify import optimizer_state_tensors
@@ -703,8 +703,8 @@ class CompileRun:
         """``compile/speedup`` and how it was priced: the latest re-pricing round where one ran, else
         :func:`timing.steady_speedup`."""
         assert self.timer is not None and self.planner is not None
-        latest = self.repricer.latest()
-        if latest is not None and any(r.is_compiled for r in self.planner.regions):
+        latest = self._repriced()
+        if latest is not None:
             return latest.speedup, "re-measured"
         return steady_speedup(
             self.planner.priced_speedup(),
@@ -714,6 +714,11 @@ class CompileRun:
             eager_ms=eager_ms,
             compiled_ms=compiled_ms,
         )
+
+    def _repriced(self) -> Round | None:
+        """The latest re-pricing round, while the plan it priced still runs compiled (it prices the speedup)."""
+        assert self.planner is not None
+        return self.repricer.latest() if any(r.is_compiled for r in self.planner.regions) else None
 
     def _step_ms(self) -> tuple[float | None, float | None]:
         """The eager baseline's median step and the latest 100 compiled steps' median (ms). A plan applied
@@ -730,7 +735,7 @@ class CompileRun:
         first = self.planner.decisions[0] if self.planner.decisions else None
         if priced is not None and first is not None and first.baseline_ms:
             eager_ms = first.baseline_ms  # eager as timed beside the first trial, which prices the plan
-        latest = self.repricer.latest() if any(r.is_compiled for r in self.planner.regions) else None
+        latest = self._repriced()
         if latest is not None:
             eager_ms = latest.eager_ms  # eager as timed in the latest round, which prices the plan now
         kept = sum(1 for d in self.planner.decisions if d.kept)

@@ -463,11 +463,11 @@ def compile_config_snapshot() -> dict[str, bytes]:
 
 
 def load_compile_config_snapshot(snapshot: dict[str, bytes]) -> None:
+    import warnings
+
     import torch._dynamo.config
     import torch._functorch.config
     import torch._inductor.config
-
-    import warnings
 
     with warnings.catch_warnings():  # deprecated keys are saved and loaded too; loading them warns
         warnings.simplefilter("ignore", FutureWarning)
