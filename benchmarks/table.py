@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,8 @@ MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured
 SPEC_WALL_STEPS = 1000
 ANCHORS = ("eager", "whole", "whole_ro", "per_block")  # what "the best anchor" is chosen from
 DRIFT_WARNING = 0.05  # eager's speed changed more than this between the run's start and end
+WANDER_WINDOW = 100  # steps per window of eager_wander
+WANDER_WARNING = 0.10  # eager's own windows spread more than this: its median is not one speed
 
 
 # -- numbers ---------------------------------------------------------------------------------------
@@ -148,6 +151,27 @@ def host_drift(records: dict[str, dict[str, Any]], *, by_throughput: bool) -> fl
     if by_throughput:
         return ratio(end.get("tokens_per_s"), start.get("tokens_per_s"))
     return ratio(start.get("median_ms"), end.get("median_ms"))
+
+
+def eager_wander(records: dict[str, dict[str, Any]]) -> tuple[float, float] | None:
+    """The slowest and fastest median of eager's own :data:`WANDER_WINDOW`-step windows (``eager`` and
+    ``eager_end``, each one's first window left out: compiles, warm-up), or None with fewer than two.
+    The drift compares two points; on a host-bound step eager also wanders between them (ResNet-18
+    CIFAR on the H200: 7.0-10.5 ms windows in one 2000-step variant whose start and end agreed within 1.4%)."""
+    medians = []
+    for name in ("eager", "eager_end"):
+        steps = (_ok(records, name) or {}).get("step_ms_all") or []
+        medians += [statistics.median(steps[i:i + WANDER_WINDOW])
+                    for i in range(WANDER_WINDOW, len(steps) - WANDER_WINDOW + 1, WANDER_WINDOW)]
+    return (min(medians), max(medians)) if len(medians) >= 2 else None
+
+
+def wander_verdict(wander: tuple[float, float] | None) -> str | None:
+    """Inconclusive where eager's own windows spread more than :data:`WANDER_WARNING`, else None."""
+    if wander is None or wander[1] <= wander[0] * (1 + WANDER_WARNING):
+        return None
+    return (f"inconclusive (eager's own {WANDER_WINDOW}-step medians ranged {wander[0]:.2f}-{wander[1]:.2f} ms "
+            f"within the run)")
 
 
 def render_drift(result: dict[str, Any]) -> str | None:
@@ -431,7 +455,7 @@ def _check_verdicts(
         measured += f"; vs {_number(telemetry.get('in_fit'), '.3f', '×')} in-fit A/B: {_number(telemetry.get('in_fit_error'), '+.1%')}"
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
-        measured, speed_invalid or telemetry_verdict(telemetry, drift)))
+        measured, speed_invalid or telemetry_verdict(telemetry, drift, eager_wander(records_by_variant(result)))))
 
     passed = anchor.get("passed")
     best = anchor.get("best")
@@ -464,13 +488,15 @@ def _check_verdicts(
     return verdicts
 
 
-def telemetry_verdict(telemetry: dict[str, Any], drift: float | None) -> str:
+def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
+                      wander: tuple[float, float] | None = None) -> str:
     """Issue 20's telemetry verdict. The A/B between variants compares two that ran at different times,
-    so it is only as good as the host: where eager drifted over the run it is inconclusive, and an
-    in-fit A/B (eager and compiled blocks in turn inside the callback's own fit, which a drift puts on
-    both sides alike) answers alone, saying so. Otherwise both must pass where both exist."""
+    so it is only as good as the host: where eager drifted over the run, or wandered within its own
+    run (:func:`eager_wander`), it is inconclusive, and an in-fit A/B (eager and compiled blocks in turn
+    inside the callback's own fit, which a drift puts on both sides alike) answers alone, saying so.
+    Otherwise both must pass where both exist."""
     passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")
-    unsteady = drift_verdict(drift) if passed is not None else None
+    unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None
     if in_fit is None:
         return unsteady or _verdict(passed)
     if unsteady:

@@ -518,8 +518,7 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         max_rel_error=verdict.max_rel_error if verdict.error is None else None,
-                         verified=self._verified(verdict), background=background)
+                         **self._numerics(verdict), background=background)
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -556,8 +555,7 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     max_rel_error=verdict.max_rel_error if self.verify else None, verified=self._verified(verdict),
-                     background=background)
+                     **self._numerics(verdict), background=background)
         return trial_ms if keep else None
 
     def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, str | None]:
@@ -738,8 +736,7 @@ class AutoPlanner(_CompilesRegions):
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                                        compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                                       max_rel_error=verdict.max_rel_error if verdict.error is None else None,
-                                       verified=self._verified(verdict), background=background))
+                                       **self._numerics(verdict), background=background))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -981,6 +978,12 @@ class AutoPlanner(_CompilesRegions):
         if not uses_cuda_graphs(self._kept):
             tensors += [p.grad for p in self.root.parameters() if p.grad is not None]
         return tensors
+
+    def _numerics(self, verdict: VerificationResult) -> dict[str, Any]:
+        """A decision's numerics fields: the max relative error, the tensor it is from, and the verdict."""
+        checked = self.verify and verdict.error is None
+        return {"max_rel_error": verdict.max_rel_error if checked else None,
+                "error_in": verdict.where if checked else None, "verified": self._verified(verdict)}
 
     def _verified(self, verdict: VerificationResult) -> bool | None:
         """What verification said of the numerics: passed, differed, or nothing (not checked, or it

@@ -48,6 +48,7 @@ class Decision:
     speedup: float | None = None
     speedup_noise: float | None = None  # relative standard error of ``speedup``
     max_rel_error: float | None = None
+    error_in: str | None = None  # the tensor ``max_rel_error`` is from, and how it was judged (verify.TensorError)
     verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
     compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
     background: str | None = None  # "prepared in the background: ..." or why not; None: background compiles off
@@ -68,6 +69,18 @@ class Decision:
 def _background(decision: dict[str, Any]) -> str:
     """What a decision says of its background compile, after its reason (nothing where they were off)."""
     return f"; {decision['background']}" if decision.get("background") else ""
+
+
+def _error(decision: dict[str, Any]) -> str:
+    """A decision's max relative error and the tensor it is from ("-" where numerics were not checked)."""
+    error = _fmt(decision.get("max_rel_error"), ".1e")
+    return f"{error} in {decision['error_in']}" if decision.get("error_in") and error != "-" else error
+
+
+def _error_in(decision: dict[str, Any]) -> str:
+    """The tensor a decision's max relative error is from, after its reason in the text summary."""
+    where = decision.get("error_in")
+    return f" (max err in {where})" if where and where not in decision["reason"] else ""
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -108,7 +121,7 @@ def render_table(report: dict[str, Any]) -> str:
                 f"  {item['region'][:24]:<24} {item['mode'][:16]:<16} {'yes' if item['kept'] else 'no':<5} "
                 f"{_fmt(item.get('speedup'), '.3f'):>8} {_fmt(item.get('compile_seconds'), '.1f'):>9} "
                 f"{_cache_word(item.get('compile_cache')):<5} {_fmt(item.get('max_rel_error'), '.1e'):>9}  {item['reason']}"
-                f"{_background(item)}"
+                f"{_background(item)}{_error_in(item)}"
             )
     regions = report.get("regions", {})
     if regions:
@@ -174,7 +187,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| `{item['region']}` | {item['mode']} | {'yes' if item['kept'] else 'no'} | "
                 f"{_fmt(item.get('time_share'), '.0%')} | {_fmt(item.get('speedup'), '.3f')} | "
                 f"{_fmt(item.get('compile_seconds'), '.1f')} | {item.get('compile_cache') or '-'} | "
-                f"{_fmt(item.get('max_rel_error'), '.1e')} | {item['reason']}{_background(item)} |"
+                f"{_error(item)} | {item['reason']}{_background(item)} |"
             )
         out.append("")
     if report.get("regions"):
@@ -244,8 +257,9 @@ def _anatomy_markdown(anatomy: dict[str, Any]) -> list[str]:
             out.append(f"| {title} | " + ", ".join(f"`{name}` x{n}" for name, n in kernels.items()) + " |")
     worst = anatomy.get("worst_rel_error")
     if worst:
+        tensor = f": {worst['error_in']}" if worst.get("error_in") else ""
         out.append(f"| worst verified max relative error | {worst['error']:.1e} in `{worst['region']}` ({worst['mode']}"
-                   f"{', kept' if worst['kept'] else ', reverted'}) |")
+                   f"{', kept' if worst['kept'] else ', reverted'}{tensor}) |")
     for name, coverage in (anatomy.get("region_graph_coverage") or {}).items():
         out.append(f"| graph coverage of `{name}` | {_fmt(coverage, '.1%')} |")
     for site, count in (anatomy.get("host_sync_sites") or {}).items():

@@ -820,7 +820,7 @@ class CompileRun:
         if verified:
             worst = max(verified, key=lambda d: d.max_rel_error)
             details["worst_rel_error"] = {"error": worst.max_rel_error, "region": worst.region, "mode": worst.mode,
-                                          "kept": worst.kept}
+                                          "kept": worst.kept, "error_in": worst.error_in}
         latencies = [us for stats in self.watch.stats.values() for us in stats.guard_latencies_us]
         if latencies:
             # torch's own figure: one guard evaluation timed right after each compile (cold caches).

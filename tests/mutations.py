@@ -275,6 +275,27 @@ MUTATIONS = [
         new="                pass\n",
         tests=("tests/test_auto.py::test_warm_restart_skips_trials_and_compiles_faster",),
     ),
+    Mutation(
+        name="the fp32 rule's floor ignores the dtype's rounding unit",
+        path="compile_callback/verify.py",
+        old="    floor = max(REDUCED_PRECISION_FLOOR, torch.finfo(dtype).eps)\n",
+        new="    floor = REDUCED_PRECISION_FLOOR\n",
+        tests=("tests/test_verify.py::test_the_fp32_rule_allows_one_rounding_unit_where_eagers_own_error_is_tiny",),
+    ),
+    Mutation(
+        name="a decision does not say which tensor its max relative error is from",
+        path="compile_callback/planner.py",
+        old='                "error_in": verdict.where if checked else None, "verified": self._verified(verdict)}\n',
+        new='                "error_in": None, "verified": self._verified(verdict)}\n',
+        tests=("tests/test_verify.py::test_bf16_rule_on_cpu_keeps_a_faithful_compile_and_rejects_a_wrong_one",),
+    ),
+    Mutation(
+        name="the telemetry verdict trusts eager's median however much its own windows wandered",
+        path="benchmarks/table.py",
+        old="    unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None\n",
+        new="    unsteady = drift_verdict(drift) if passed is not None else None\n",
+        tests=("tests/benchmarks/test_checks.py::test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab",),
+    ),
 ]
 
 

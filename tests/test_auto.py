@@ -95,7 +95,8 @@ def test_region_with_wrong_numerics_is_reverted(tmp_path):
     anatomy = report["anatomy"]
     assert anatomy["verification_pass_rate"] == 0.0 and decision["verified"] is False
     assert anatomy["worst_rel_error"] == {"error": decision["max_rel_error"], "region": decision["region"],
-                                          "mode": decision["mode"], "kept": False}
+                                          "mode": decision["mode"], "kept": False, "error_in": decision["error_in"]}
+    assert decision["reason"].endswith(f"in {decision['error_in']}; tolerance 1e-03")  # the tensor, named once
     assert decision["max_rel_error"] > 1e-3
 
 

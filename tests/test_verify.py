@@ -5,7 +5,8 @@ import torch
 from torch._dynamo import register_backend
 
 from compile_callback import CompileCallback
-from compile_callback.verify import _errors
+from compile_callback.report import render_markdown
+from compile_callback.verify import TensorError, _errors, further_from_fp32
 from tests.conftest import TinyModel, seeded_fit
 
 CPU = torch.device("cpu")
@@ -26,6 +27,21 @@ def test_a_gradient_the_loss_barely_reaches_is_judged_against_its_kinds_scale():
     broken = tiny.clone()
     broken[0] = float("nan")
     assert _errors(names, [big, broken], [big, tiny], CPU)[1].error == float("inf")
+
+
+def test_the_fp32_rule_allows_one_rounding_unit_where_eagers_own_error_is_tiny():
+    """Session 9, HF BERT on the H200: the loss 2e-4 from fp32 eagerly and 1.7e-3 compiled (a bf16
+    rounding unit is 7.8e-3) was rejected by a floor of 1e-3; the same 1.7e-3 in fp16 (unit 9.8e-4) is
+    still too far, and so is 2% in bf16."""
+    eager = [TensorError("output", 2e-4, 10.0, False), TensorError("grad of w", 0.83, 2e-3, False)]
+    compiled = [TensorError("output", 1.7e-3, 10.0, False), TensorError("grad of w", 0.92, 2e-3, False)]
+    assert further_from_fp32(eager, compiled, torch.bfloat16) is None
+    assert further_from_fp32(eager, compiled, torch.float16).startswith("output (further from fp32 than eager: 1.7e-03")
+    wrong = [TensorError("output", 2e-2, 10.0, False), compiled[1]]
+    assert further_from_fp32(eager, wrong, torch.bfloat16).startswith("output (further")
+    # A gradient eager itself gets 83% wrong may be 92% off compiled (both are bf16 noise); 2x + a unit is the bound.
+    assert further_from_fp32(eager, [compiled[0], TensorError("grad of w", 1.7, 2e-3, False)], torch.bfloat16) \
+        .startswith("grad of w (further")
 
 
 def _perturbed(gm, example_inputs):
@@ -70,6 +86,9 @@ def test_bf16_rule_on_cpu_keeps_a_faithful_compile_and_rejects_a_wrong_one(tmp_p
     fit(tmp_path / "good", [good], precision="bf16-mixed")
     decision = good.last_report["decisions"][0]
     assert decision["max_rel_error"] is not None and "numerics" not in decision["reason"], decision
+    # The report names the tensor the error is from (issue 20: a bare "1.1e+00" beside "kept" told nothing).
+    assert decision["error_in"] == "output" or decision["error_in"].startswith("grad of "), decision
+    assert f"in {decision['error_in']}" in render_markdown(good.last_report)
     # Within bf16's tolerance of eager: no fp32 reference was run (its fp32 activations cost memory).
     bad = CompileCallback(backend="test_verify_perturbed", **auto)
     fit(tmp_path / "bad", [bad], precision="bf16-mixed")

@@ -11,7 +11,11 @@ prints one JSON line per step with its wall-clock span, so a host clock running 
   "verify":false,"anatomy":false}``: a fixed plan, no trials, no profiler, no verification);
 - ``@profile``: 30 CPU-only ``torch.profiler`` sessions as the callback's anatomy starts them, events read;
 - ``@pinned``: 2 GiB of pinned host memory filled from the GPU and given back, as verification's copies are;
-- ``@reset``: ``torch._dynamo.reset()`` and ``gc.collect()``.
+- ``@reset``: ``torch._dynamo.reset()`` and ``gc.collect()``;
+- ``@gcfreeze``: ``gc.collect()`` then ``gc.freeze()``: the objects alive now are never scanned again by
+  the garbage collector (tells gc work on a heap that compiling grew from other causes).
+
+Every line also has ``gc_objects``, the objects the garbage collector tracks after the step.
 
     python -m benchmarks.diagnostics.hostclock run --out clock.jsonl &
     python -m benchmarks.diagnostics.aftereffect resnet18_cifar eager,whole_ro,eager,callback,eager > steps.jsonl
@@ -69,6 +73,7 @@ TREATMENTS = {
     "@profile": _profile_sessions,
     "@pinned": _pinned,
     "@reset": lambda device: (torch._dynamo.reset(), gc.collect()),
+    "@gcfreeze": lambda device: (gc.collect(), gc.freeze()),
 }
 
 
@@ -81,7 +86,7 @@ def _variant(step: str) -> Variant:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.aftereffect")
     parser.add_argument("workload")
-    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, @profile, @pinned, @reset")
+    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, @profile, @pinned, @reset, @gcfreeze")
     parser.add_argument("--eager-steps", type=int, default=100)
     args = parser.parse_args(argv)
     smoke = not torch.cuda.is_available()
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             window = record.get("step_ms_all") or []
             line["window_started_at"] = record.get("ended_at", time.time()) - (
                 sum(window[-record.get("steps_measured", 0):]) / 1e3 if window else 0)
-        line.update(started_at=started, ended_at=time.time())
+        line.update(started_at=started, ended_at=time.time(), gc_objects=len(gc.get_objects()))
         print(json.dumps(line), flush=True)
 
 

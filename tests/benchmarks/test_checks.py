@@ -180,6 +180,24 @@ def test_an_in_fit_ab_answers_the_telemetry_verdict_where_the_host_drifted():
     assert "+0.2% (met); in-fit A/B +1.3% (met)" in table.render_table(both)
 
 
+def test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab():
+    """Session 9, ResNet-18 CIFAR on the H200: eager's start and end agreed within 1.4%, but its own
+    100-step medians ranged 7.0-10.5 ms between them; the A/B between variants read +16.6%, the in-fit
+    A/B +4.0%. A median of a host-bound step that wanders that much is not one speed."""
+    target = "callback `compile/speedup` within ±5% of the harness's A/B"
+    steady_steps = [45.2] * 400
+    wandering = [45.2] * 100 + [36.0] * 100 + [52.0] * 100 + [45.2] * 100  # start and end agree
+    record = _with_in_fit_ab(_callback(23.84, speedup=1.90), 45.6, 24.0)  # in-fit 1.90x: met
+    for steps, expected in ((steady_steps, "**not met**"),  # between variants 45.2 / 21.0 = 2.15x: -12%
+                            (wandering, "met by the in-fit A/B (between variants: inconclusive (eager's own "
+                                        "100-step medians ranged 36.00-52.00 ms within the run))")):
+        eager = {**EAGER, "step_ms_all": steps}
+        result = _run(eager, WHOLE_RO, {**record, "median_ms": 21.0}, {**eager, "variant": "eager_end"})
+        assert {v.target: v.verdict for v in table.evaluate_targets(result)}[target] == expected
+    # Too few steps for two windows: no wander is claimed.
+    assert table.eager_wander({"eager": {**EAGER, "step_ms_all": [45.2] * 150}}) is None
+
+
 def test_the_reported_figure_is_taken_from_before_the_in_fit_ab():
     """The A/B's eager steps go through the callback's hooks after the window: a report made at the
     fit's end could price them in; the figure as the window ended is the one checked."""
