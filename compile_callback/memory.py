@@ -10,6 +10,13 @@ import torch
 GB = 2.0**30
 
 
+def allocated_bytes(device: torch.device) -> int:
+    """The caching allocator's allocated bytes on ``device``, as ``torch.cuda.memory_allocated`` reads them,
+    for a per-step read: that function flattens and sorts the allocator's ~150 counters into a new dict on
+    every call; the nested dict it flattens is read here as it comes."""
+    return int(torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {}).get("current", 0))
+
+
 def room_bytes(device: torch.device) -> int | None:
     """Bytes a new reservation could still take on ``device``, or None off CUDA.
 

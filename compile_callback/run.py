@@ -26,7 +26,7 @@ from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
 from compile_callback.churn import ChurnAction, ChurnPolicy, RecompileChurnError, not_padded, remedies, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback.config import AUTO, CompileConfig
-from compile_callback.memory import room_bytes
+from compile_callback.memory import allocated_bytes, room_bytes
 from compile_callback.padding import PaddingNotApplied, PaddingPlan, apply_to_loaders, census_from_dataset, first_loader
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
@@ -411,7 +411,7 @@ class CompileRun:
                 region_modules=self.planner.region_modules,
             )
         if self._on_gpu and self._label == EAGER:
-            self._memory_at_start = torch.cuda.memory_allocated(self._device)
+            self._memory_at_start = allocated_bytes(self._device)
         self._host_start = time.perf_counter()
         self.timer.start()
 
@@ -420,7 +420,7 @@ class CompileRun:
         if self._on_gpu and self._label in (EAGER, COMPILED):
             # Every activation the backward needs is alive here: the step's memory high point, read from
             # the allocator's counters (host-side, no sync) for the eager baseline and the plan alike.
-            allocated = torch.cuda.memory_allocated(self._device)
+            allocated = allocated_bytes(self._device)
             self._memory_high[self._label] = max(self._memory_high.get(self._label, 0), allocated)
             if self._label == EAGER:
                 self._eager_activations = max(self._eager_activations or 0, allocated - self._memory_at_start)

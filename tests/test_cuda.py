@@ -173,3 +173,14 @@ def test_held_inputs_wait_in_host_memory_and_replay_on_the_gpu_with_their_stride
     assert held.device.type == "cpu" and held.is_pinned()
     (replayed,), _ = profiler.held_input("layer")
     assert replayed.is_cuda and replayed.stride() == x.stride() and torch.equal(replayed, x)
+
+
+def test_the_per_step_allocated_read_equals_torchs():
+    """``memory.allocated_bytes`` (read every step) is ``torch.cuda.memory_allocated`` without the flattening."""
+    from compile_callback.memory import allocated_bytes
+
+    device = torch.device("cuda")
+    held = [torch.empty(n, device=device) for n in (1, 1000, 2**20)]
+    assert allocated_bytes(device) == torch.cuda.memory_allocated(device) > 0
+    del held
+    assert allocated_bytes(device) == torch.cuda.memory_allocated(device)
