@@ -276,6 +276,13 @@ MUTATIONS = [
         tests=("tests/test_auto.py::test_warm_restart_skips_trials_and_compiles_faster",),
     ),
     Mutation(
+        name="compile cost counts Identity leaves",
+        path="compile_callback/payback.py",
+        old="               if next(m.children(), None) is None and not isinstance(m, nn.Identity))\n",
+        new="               if next(m.children(), None) is None)\n",
+        tests=("tests/test_payback.py::test_a_group_of_repeated_blocks_counts_one_block",),
+    ),
+    Mutation(
         name="the fp32 rule's floor ignores the dtype's rounding unit",
         path="compile_callback/verify.py",
         old="    floor = max(REDUCED_PRECISION_FLOOR, torch.finfo(dtype).eps)\n",

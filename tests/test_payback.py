@@ -25,6 +25,8 @@ def test_a_group_of_repeated_blocks_counts_one_block():
     assert compile_units(list(model.blocks), repeated=True) == 1
     assert compile_units([model.head], repeated=False) == 1
     assert compile_units([nn.Linear(2, 2)], repeated=False) == 1  # a leaf is itself
+    # An Identity puts no op in the graph (timm's unused norms, layer scales and drop paths).
+    assert compile_units([nn.Sequential(nn.Linear(2, 2), nn.Identity(), nn.Sequential(nn.Identity()))], repeated=False) == 1
 
 
 def test_costs_come_from_the_run_once_measured_else_from_inductors_prior():
