@@ -276,6 +276,13 @@ MUTATIONS = [
         tests=("tests/test_auto.py::test_warm_restart_skips_trials_and_compiles_faster",),
     ),
     Mutation(
+        name="under DDP, each rank keeps its own re-pricing round",
+        path="compile_callback/run.py",
+        old="        if self.env.multi_process:  # rank 0's timings price the plan, and time the next round, on every rank\n",
+        new="        if False:\n",
+        tests=("tests/test_ddp.py::test_report_counts_every_rank_and_explains_ddp_graph_splits",),
+    ),
+    Mutation(
         name="compile cost counts Identity leaves",
         path="compile_callback/payback.py",
         old="               if next(m.children(), None) is None and not isinstance(m, nn.Identity))\n",

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from torch._dynamo import register_backend  # the documented way to add a custom backend
 
-from compile_callback import CompileCallback, torch_internals
+from compile_callback import CompileCallback, reprice, torch_internals
 from compile_callback.report import render_markdown
 from tests.conftest import TinyModel, loader, make_trainer
 
@@ -110,6 +110,17 @@ class RecordReport(Callback):
             json.dump(record, handle)
 
 
+class FirstRepricingAfter(Callback):
+    """Brings the first re-pricing round forward, in the rank's own process (ddp_spawn imports the package
+    afresh there): listed before the CompileCallback, whose ``setup`` makes the run's Repricer."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def setup(self, trainer, pl_module, stage):
+        reprice.FIRST_AFTER = self.batches
+
+
 @pytest.mark.slow
 def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     """Every rank's counts are gathered into the report; DDPOptimizer's split of the graph at DDP's
@@ -117,13 +128,15 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     told apart from graph breaks. And the whole model compiles under DDP without tracing the rerouted
     step: Lightning's DDP calls training_step through the LightningModule's forward (a patched
     ``forward``); a compiled root runs that call eagerly and compiles only the model's own forward
-    inside it: one graph, no graph break from ``self.log``, no recompile per step."""
+    inside it: one graph, no graph break from ``self.log``, no recompile per step. And a re-pricing round
+    runs on both ranks at the same batches, under DDP's all-reduce, and rank 0's ratio is both ranks'."""
     from lightning.pytorch.strategies import DDPStrategy
 
-    callback = CompileCallback("model", backend="aot_eager", report=True)
+    callback = CompileCallback("model", backend="aot_eager", report=True, eager_baseline_steps=2, warmup_steps=1)
     strategy = DDPStrategy(start_method="spawn", bucket_cap_mb=1)
     trainer = make_trainer(
-        tmp_path, [callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2, strategy=strategy, max_epochs=2,
+        tmp_path, [FirstRepricingAfter(0), callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2,
+        strategy=strategy, max_epochs=3,
     )
     torch.manual_seed(0)
     trainer.fit(TinyModel(width=512), loader(batch_size=4))
@@ -133,13 +146,16 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     assert reports[0]["parameters"] == reports[1]["parameters"]
     torch.manual_seed(0)
     eager = make_trainer(tmp_path / "eager", [RecordParameters(str(tmp_path / "eager"))], accelerator="cpu", devices=2,
-                         strategy=DDPStrategy(start_method="spawn", bucket_cap_mb=1), max_epochs=2)
+                         strategy=DDPStrategy(start_method="spawn", bucket_cap_mb=1), max_epochs=3)
     eager.fit(TinyModel(width=512), loader(batch_size=4))
     expected = json.loads((tmp_path / "eager" / "parameters0.json").read_text())
     assert reports[0]["parameters"] == pytest.approx(expected, rel=1e-6, abs=1e-6 * math.sqrt(expected[1]))
     for report in reports:
         assert report["compiled"] and report["summary"]["eager_fallbacks"] == 0, report["summary"]
-        assert report["batches_seen"] == 2 * 96 // 2 // 4  # each rank: 2 epochs of its 48 samples
+        assert report["batches_seen"] == 3 * 96 // 2 // 4  # each rank: 3 epochs of its 48 samples
+    # One round (32 batches from the plan's freeze at batch 3 of 36), the same on both ranks: rank 0's timings price both.
+    assert [r["summary"]["speedup_priced"] for r in reports] == ["re-measured"] * 2, reports[0]["summary"]
+    assert reports[0]["summary"]["speedup"] == reports[1]["summary"]["speedup"]
     ranks = reports[0]["ranks"]
     assert reports[1]["ranks"] == ranks and [r["rank"] for r in ranks] == [0, 1]
     for row in ranks:
