@@ -17,6 +17,13 @@ def allocated_bytes(device: torch.device) -> int:
     return int(torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {}).get("current", 0))
 
 
+def peak_bytes(device: torch.device) -> int | None:
+    """The allocator's peak allocated bytes on ``device`` (``torch.cuda.max_memory_allocated``), None off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated(device)
+
+
 def room_bytes(device: torch.device) -> int | None:
     """Bytes a new reservation could still take on ``device``, or None off CUDA.
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from compile_callback import torch_internals
 from compile_callback.background import BackgroundCompile, Unavailable
-from compile_callback.memory import graph_pool_misfit
+from compile_callback.memory import GB, graph_pool_misfit
 from compile_callback.payback import (
     CompileCosts, Priced, after_background, background_pays, compile_units, graph_trial_unpaid, payback_order,
     saving_seconds,
@@ -333,6 +333,7 @@ class AutoPlanner(_CompilesRegions):
         idle_state: Callable[[], list[torch.Tensor]] = list,
         activation_bytes: Callable[[], int | None] = lambda: None,
         room_bytes: Callable[[], int | None] = lambda: None,
+        peak_bytes: Callable[[], int | None] = lambda: None,
         background: Callable[[str, nn.Module, Any, CompileOptions], BackgroundCompile] | None = None,
         background_always: bool = False,
     ) -> None:
@@ -356,6 +357,7 @@ class AutoPlanner(_CompilesRegions):
         self.idle_state = idle_state  # tensors no forward or backward reads (the optimizer's state)
         self.activation_bytes = activation_bytes  # the eager step's activations (memory.graph_pool_misfit)
         self.room_bytes = room_bytes  # what a new reservation can take now (memory.room_bytes)
+        self.peak_bytes = peak_bytes  # the fit's peak so far (memory.peak_bytes), stamped on each decision
         # (name, module, held input, options) -> a child compiling it (compile_callback.background), or None: off.
         self.background = background
         self.background_always = background_always  # asked for (True), not chosen where it pays (None)
@@ -671,7 +673,7 @@ class AutoPlanner(_CompilesRegions):
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         misfit = self._graph_pool_misfit()
         if misfit is not None:
-            self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
+            self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                            kept=False, reason=misfit, step=self._batch_index, background=background))
             return
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
@@ -732,7 +734,7 @@ class AutoPlanner(_CompilesRegions):
                 reason = (f"CUDA graphs not faster: {speedup:.3f}x ({low:.3f}x by lower quartiles; threshold "
                           f"{threshold:.3f}x)" if speedup and low else "no steady steps could be timed")
         compile_seconds, compile_cache = self._compiled_since(compile_before, names)
-        self.decisions.append(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
+        self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                        kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                                        speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                                        compile_seconds=compile_seconds or None, compile_cache=compile_cache,
@@ -979,6 +981,13 @@ class AutoPlanner(_CompilesRegions):
             tensors += [p.grad for p in self.root.parameters() if p.grad is not None]
         return tensors
 
+    def _add(self, decision: Decision) -> None:
+        """Records a trial's decision with the fit's memory peak so far: the decision whose trial raised it
+        is the one whose peak exceeds the one before (torch's peak counter is never reset: it is the user's)."""
+        peak = self.peak_bytes()
+        decision.peak_gb = None if peak is None else peak / GB
+        self.decisions.append(decision)
+
     def _numerics(self, verdict: VerificationResult) -> dict[str, Any]:
         """A decision's numerics fields: the max relative error, the tensor it is from, and the verdict."""
         checked = self.verify and verdict.error is None
@@ -1012,7 +1021,7 @@ class AutoPlanner(_CompilesRegions):
         return seconds, cache_state(int(hits), int(misses))
 
     def _decide(self, candidate: Candidate, options: CompileOptions, *, kept: bool, reason: str, **numbers: Any) -> None:
-        self.decisions.append(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],
+        self._add(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],
                                        mode=options.mode or "default", kept=kept, reason=reason,
                                        step=self._batch_index, time_share=candidate.share, **numbers))
 

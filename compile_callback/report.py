@@ -52,6 +52,7 @@ class Decision:
     verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
     compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
     background: str | None = None  # "prepared in the background: ..." or why not; None: background compiles off
+    peak_gb: float | None = None  # the fit's peak allocated memory (GB) when this was decided; None off CUDA
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -179,15 +180,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += [
             "### Decisions",
             "",
-            "| region | mode | kept | time share | speedup | compile s | cache | max rel err | reason |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| region | mode | kept | time share | speedup | compile s | cache | peak GB so far | max rel err | reason |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for item in report["decisions"]:
             out.append(
                 f"| `{item['region']}` | {item['mode']} | {'yes' if item['kept'] else 'no'} | "
                 f"{_fmt(item.get('time_share'), '.0%')} | {_fmt(item.get('speedup'), '.3f')} | "
                 f"{_fmt(item.get('compile_seconds'), '.1f')} | {item.get('compile_cache') or '-'} | "
-                f"{_error(item)} | {item['reason']}{_background(item)} |"
+                f"{_fmt(item.get('peak_gb'), '.2f')} | {_error(item)} | {item['reason']}{_background(item)} |"
             )
         out.append("")
     if report.get("regions"):

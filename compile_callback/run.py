@@ -26,7 +26,7 @@ from compile_callback.anatomy import OpAnatomy, StepOps, host_sync_advice
 from compile_callback.churn import ChurnAction, ChurnPolicy, RecompileChurnError, not_padded, remedies, same_cause
 from compile_callback.collate import PaddingStats, padding_stats
 from compile_callback.config import AUTO, CompileConfig
-from compile_callback.memory import allocated_bytes, room_bytes
+from compile_callback.memory import allocated_bytes, peak_bytes, room_bytes
 from compile_callback.padding import PaddingNotApplied, PaddingPlan, apply_to_loaders, census_from_dataset, first_loader
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
 from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
@@ -292,6 +292,7 @@ class CompileRun:
                 idle_state=lambda: optimizer_state_tensors(env.optimizers()),
                 activation_bytes=lambda: self._eager_activations,
                 room_bytes=lambda: room_bytes(device),
+                peak_bytes=lambda: peak_bytes(device),
                 background=None if background_off else functools.partial(
                     background.start, context=env.forward_context, device=device, verify=config.verify,
                     tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations,

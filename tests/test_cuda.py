@@ -79,6 +79,9 @@ def test_auto_on_cuda_keeps_a_faster_plan_and_tries_cuda_graphs(tmp_path):
     modes = [d["mode"] for d in report["decisions"]]
     assert "reduce-overhead" in modes, report["decisions"]
     assert report["summary"]["speedup"] > 1.0, report["summary"]
+    # Each decision carries the fit's peak so far: never falling, at most the fit's peak.
+    peaks = [d["peak_gb"] for d in report["decisions"] if d["peak_gb"] is not None]
+    assert peaks and peaks == sorted(peaks) and peaks[-1] <= report["summary"]["memory_peak_gb"], report["decisions"]
 
 
 class Pointwise(nn.Module):

@@ -89,6 +89,7 @@ def test_bf16_rule_on_cpu_keeps_a_faithful_compile_and_rejects_a_wrong_one(tmp_p
     # The report names the tensor the error is from (issue 20: a bare "1.1e+00" beside "kept" told nothing).
     assert decision["error_in"] == "output" or decision["error_in"].startswith("grad of "), decision
     assert f"in {decision['error_in']}" in render_markdown(good.last_report)
+    assert decision["peak_gb"] is None  # the fit's memory peak so far: a CUDA figure
     # Within bf16's tolerance of eager: no fp32 reference was run (its fp32 activations cost memory).
     bad = CompileCallback(backend="test_verify_perturbed", **auto)
     fit(tmp_path / "bad", [bad], precision="bf16-mixed")
