@@ -21,6 +21,7 @@ from benchmarks.runner import add_speedups
 from benchmarks.variants import VARIANTS as VARIANT_SPECS
 from benchmarks.variants import skip_reason
 from benchmarks.workloads import ALL_WORKLOADS, IGNORE_INDEX, SMOKE_VARIANTS, VARIANTS, WORKLOADS, collate_tokens, varlen_lengths
+from tests.benchmarks import smoke_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED_KEYS = {
@@ -32,18 +33,13 @@ COMPILED = {"whole", "whole_ro", "whole_padmax", "per_block", "bare_whole", "bar
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """``python -m benchmarks --smoke``: every workload, one process, as CI and `make bench-smoke` run it."""
-    out = tmp_path_factory.mktemp("benchmarks")
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
-        # ~2 min on 2 idle cores; past 600 s with two CPU-bound processes and a test run beside it
-        # (2026-12-01): the limit is for a hung run, not a slow machine.
-        cwd=REPO, capture_output=True, text=True, timeout=1500,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-5000:]
+def smoke_run():
+    """``python -m benchmarks --smoke``: every workload, one process, as CI and `make bench-smoke` run it;
+    started when these tests were collected (tests/benchmarks/conftest.py), awaited here."""
+    completed, out = smoke_process.finish()
+    assert completed.returncode == 0, completed.stdout[-8000:]
     results = {}
-    for path in glob.glob(str(out / "*.json")):
+    for path in glob.glob(os.path.join(out, "*.json")):
         with open(path) as handle:
             result = json.load(handle)
         results[result["workload"]] = (path, result)
@@ -55,7 +51,7 @@ def _finite_positive(value) -> bool:
 
 
 @pytest.mark.slow
-# The module's smoke run (every workload, the third-party ones included) starts in this test's setup:
+# The module's smoke run (every workload, the third-party ones included) is awaited in this test's setup:
 # over pytest's 600 s default when two other processes load the 2 cores (seen 2026-12-01).
 @pytest.mark.timeout(1800)
 def test_every_workload_writes_json_and_markdown(smoke_run):
