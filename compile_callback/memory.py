@@ -14,7 +14,8 @@ def allocated_bytes(device: torch.device) -> int:
     """The caching allocator's allocated bytes on ``device``, as ``torch.cuda.memory_allocated`` reads them,
     for a per-step read: that function flattens and sorts the allocator's ~150 counters into a new dict on
     every call; the nested dict it flattens is read here as it comes."""
-    return int(torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {}).get("current", 0))
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    return int(stats.get("allocated_bytes", {}).get("all", {}).get("current", 0))
 
 
 def peak_bytes(device: torch.device) -> int | None:

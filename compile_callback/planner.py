@@ -674,7 +674,7 @@ class AutoPlanner(_CompilesRegions):
         misfit = self._graph_pool_misfit()
         if misfit is not None:
             self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
-                                           kept=False, reason=misfit, step=self._batch_index, background=background))
+                               kept=False, reason=misfit, step=self._batch_index, background=background))
             return
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
         saved_with = {id(r): r.compiled_with for r in kept}
@@ -735,10 +735,10 @@ class AutoPlanner(_CompilesRegions):
                           f"{threshold:.3f}x)" if speedup and low else "no steady steps could be timed")
         compile_seconds, compile_cache = self._compiled_since(compile_before, names)
         self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
-                                       kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
-                                       speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
-                                       compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                                       **self._numerics(verdict), background=background))
+                           kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
+                           speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
+                           compile_seconds=compile_seconds or None, compile_cache=compile_cache,
+                           **self._numerics(verdict), background=background))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -1022,8 +1022,8 @@ class AutoPlanner(_CompilesRegions):
 
     def _decide(self, candidate: Candidate, options: CompileOptions, *, kept: bool, reason: str, **numbers: Any) -> None:
         self._add(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],
-                                       mode=options.mode or "default", kept=kept, reason=reason,
-                                       step=self._batch_index, time_share=candidate.share, **numbers))
+                           mode=options.mode or "default", kept=kept, reason=reason,
+                           step=self._batch_index, time_share=candidate.share, **numbers))
 
     def _coverage(self) -> float | None:
         if self.profiler is None:
