@@ -425,7 +425,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     drift_text = f" (eager drifted {drift - 1:+.1%} by the run's end)" if drift is not None else ""
     add("callback never slower than eager", _number(speedup, ".3f", "×") + drift_text,
         None if speedup is None else speedup >= 1.0)
-    verdicts.extend(_check_verdicts(result, callback, invalid or not_steady, invalid, drift, order))
+    verdicts.extend(_check_verdicts(result, callback, invalid or not_steady, invalid, drift, eager_wander(records), order))
     if workload in SPEEDUP_TARGETS:
         verdicts.append(_wall_time_verdict(workload, records, invalid))
     if workload.endswith("varlen"):
@@ -435,7 +435,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
 
 def _check_verdicts(
     result: dict[str, Any], callback: dict[str, Any] | None, speed_invalid: str | None, invalid: str | None,
-    drift: float | None, order: Sequence[str],
+    drift: float | None, wander: tuple[float, float] | None, order: Sequence[str],
 ) -> list[Verdict]:
     """Issue 20's telemetry error and best-anchor targets, issue 23's ceiling and issue 19's memory target,
     for ``callback``; ``speed_invalid`` (also a plan frozen inside the steady window) holds for all but memory."""
@@ -455,7 +455,7 @@ def _check_verdicts(
         measured += f"; vs {_number(telemetry.get('in_fit'), '.3f', '×')} in-fit A/B: {_number(telemetry.get('in_fit_error'), '+.1%')}"
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
-        measured, speed_invalid or telemetry_verdict(telemetry, drift, eager_wander(records_by_variant(result)))))
+        measured, speed_invalid or telemetry_verdict(telemetry, drift, wander)))
 
     passed = anchor.get("passed")
     best = anchor.get("best")

@@ -46,7 +46,6 @@ class Round:
         return self.eager_ms / self.compiled_ms
 
 
-
 class Repricer:
     """When a frozen plan's batches run eagerly to re-price it, and what the rounds found.
 

@@ -456,7 +456,7 @@ class CompileRun:
         (runs eagerly, timer label). Rounds start once the plan froze with something compiled, where
         batches come in one shape and, under CUDA graphs, eager activations fit beside the pool."""
         assert self.planner is not None
-        if not self.planner.frozen or not any(r.is_compiled for r in self.planner.regions):
+        if not self.planner.frozen or not self._compiled_now():
             return None
         self.repricer.plan_frozen(self.batch_index)
         if self.repricer.due(self.batch_index):
@@ -475,11 +475,20 @@ class CompileRun:
                 return None
         return self.repricer.step(self.batch_index)
 
-    def _end_repricing_batch(self) -> None:
-        """Back to the plan after a round's eager batch; at a round's end, its ratio prices the plan."""
+    def _compiled_now(self) -> bool:
+        """Whether any region of the plan runs compiled now."""
+        assert self.planner is not None
+        return any(r.is_compiled for r in self.planner.regions)
+
+    def _leave_reprice_stance(self) -> None:
+        """Ends a re-pricing round's ``force_eager`` (after its batch, or when a fit raised inside it)."""
         if self._reprice_stance is not None:
             self._reprice_stance.__exit__(None, None, None)
             self._reprice_stance = None
+
+    def _end_repricing_batch(self) -> None:
+        """Back to the plan after a round's eager batch; at a round's end, its ratio prices the plan."""
+        self._leave_reprice_stance()
         if not self.repricer.round_over(self.batch_index):
             return
         assert self.timer is not None
@@ -557,7 +566,7 @@ class CompileRun:
     def _validation_stays_eager(self, batches: int | None, every: int | None, *, sanity_check: bool) -> str | None:
         """Why validation runs eagerly this time, or None where it may compile its graph: nothing is
         compiled, its graph exists already, or its batches left repay the compile (or that is unknown)."""
-        if self.planner is None or self.watch is None or not any(r.is_compiled for r in self.planner.regions):
+        if self.planner is None or self.watch is None or not self._compiled_now():
             return None
         if any(r.stage == "validate" for r in self.watch.recompiles):
             return None  # a validation compiled its graph already: using it costs nothing
@@ -719,7 +728,7 @@ class CompileRun:
     def _repriced(self) -> Round | None:
         """The latest re-pricing round, while the plan it priced still runs compiled (it prices the speedup)."""
         assert self.planner is not None
-        return self.repricer.latest() if any(r.is_compiled for r in self.planner.regions) else None
+        return self.repricer.latest() if self._compiled_now() else None
 
     def _step_ms(self) -> tuple[float | None, float | None]:
         """The eager baseline's median step and the latest 100 compiled steps' median (ms). A plan applied
@@ -780,7 +789,7 @@ class CompileRun:
             # allocator's counters do not show (HF GPT-2 read 2.6 GB where the same plan peaks at 8.2 GB).
             plan = None
         return {
-            telemetry.MEMORY_PEAK_GB: torch.cuda.max_memory_allocated(self._device) / GB,
+            telemetry.MEMORY_PEAK_GB: (peak_bytes(self._device) or 0) / GB,
             telemetry.MEMORY_EAGER_PEAK_GB: eager / GB if eager else None,
             telemetry.MEMORY_PLAN_PEAK_GB: plan / GB if plan else None,
         }
@@ -960,9 +969,7 @@ class CompileRun:
         settings, dynamo's compile hooks, a trial cut short. Safe to call twice."""
         self.anatomy_ops.close()
         self._end_eager_validation()
-        if self._reprice_stance is not None:  # a fit that raised inside a round's eager batch
-            self._reprice_stance.__exit__(None, None, None)
-            self._reprice_stance = None
+        self._leave_reprice_stance()  # a fit that raised inside a round's eager batch
         if self.planner is not None:
             self.planner.close()
         if self._previous_backward_lowering is not None:
