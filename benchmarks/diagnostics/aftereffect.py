@@ -13,9 +13,14 @@ prints one JSON line per step with its wall-clock span, so a host clock running 
 - ``@pinned``: 2 GiB of pinned host memory filled from the GPU and given back, as verification's copies are;
 - ``@reset``: ``torch._dynamo.reset()`` and ``gc.collect()``;
 - ``@gcfreeze``: ``gc.collect()`` then ``gc.freeze()``: the objects alive now are never scanned again by
-  the garbage collector (tells gc work on a heap that compiling grew from other causes).
+  the garbage collector (tells gc work on a heap that compiling grew from other causes);
+- ``@workers``: Inductor's compile worker processes shut down (they outlive a compile);
+- ``@graphs``: the CUDA-graph trees dropped (``torch._inductor.cudagraph_trees.reset_cudagraph_trees()``);
+- ``@empty``: ``torch.cuda.empty_cache()``.
 
-Every line also has ``gc_objects``, the objects the garbage collector tracks after the step.
+Every line also has ``gc_objects`` (the objects the garbage collector tracks after the step), the
+process's ``threads``, and ``children`` with their CPU seconds so far (whether anything left running
+beside the training loop keeps working).
 
     python -m benchmarks.diagnostics.hostclock run --out clock.jsonl &
     python -m benchmarks.diagnostics.aftereffect resnet18_cifar eager,whole_ro,eager,callback,eager > steps.jsonl
@@ -27,6 +32,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -69,11 +75,47 @@ def _pinned(device: torch.device) -> None:
     release_host_memory()
 
 
+def _children() -> dict[str, float]:
+    """This process's live child processes and the CPU seconds they have used (Linux /proc; empty elsewhere)."""
+    pids: list[str] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as handle:
+                pids += handle.read().split()
+    except OSError:
+        return {}
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return {"count": len(pids), "cpu_s": ticks / os.sysconf("SC_CLK_TCK")}
+
+
+def _shutdown_workers(device: torch.device) -> None:
+    from torch._inductor.async_compile import shutdown_compile_workers
+
+    shutdown_compile_workers()
+
+
+def _drop_graphs(device: torch.device) -> None:
+    if device.type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+
+
 TREATMENTS = {
     "@profile": _profile_sessions,
     "@pinned": _pinned,
     "@reset": lambda device: (torch._dynamo.reset(), gc.collect()),
     "@gcfreeze": lambda device: (gc.collect(), gc.freeze()),
+    "@workers": _shutdown_workers,
+    "@graphs": _drop_graphs,
+    "@empty": lambda device: torch.cuda.empty_cache() if device.type == "cuda" else None,
 }
 
 
@@ -86,7 +128,7 @@ def _variant(step: str) -> Variant:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.aftereffect")
     parser.add_argument("workload")
-    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, @profile, @pinned, @reset, @gcfreeze")
+    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, " + ", ".join(TREATMENTS))
     parser.add_argument("--eager-steps", type=int, default=100)
     args = parser.parse_args(argv)
     smoke = not torch.cuda.is_available()
@@ -127,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
             window = record.get("step_ms_all") or []
             line["window_started_at"] = record.get("ended_at", time.time()) - (
                 sum(window[-record.get("steps_measured", 0):]) / 1e3 if window else 0)
-        line.update(started_at=started, ended_at=time.time(), gc_objects=len(gc.get_objects()))
+        line.update(started_at=started, ended_at=time.time(), gc_objects=len(gc.get_objects()),
+                    threads=len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None,
+                    children=_children())
         print(json.dumps(line), flush=True)
 
 
