@@ -25,6 +25,8 @@ import math
 import statistics
 from typing import Any
 
+from compile_callback.timing import summarize
+
 BLOCK = 4  # steps per block, the first not timed
 CYCLES = 2  # ABBA cycles per round
 BUDGET = 0.005  # a round's extra time (eager over compiled) as a share of the compiled time until the next
@@ -40,6 +42,7 @@ class Round:
     eager_ms: float
     compiled_ms: float
     cycles: list[float]
+    eager_p90_ms: float | None = None  # of the same eager steps as eager_ms (the report's p90 beside it)
 
     @property
     def speedup(self) -> float:
@@ -106,7 +109,8 @@ class Repricer:
         if len(eager) < 2 * CYCLES * per_block or len(compiled) < 2 * CYCLES * per_block:
             self.next_at = batch + self.first_after  # steps lost to compiles or sampling: try again later
             return None
-        found = Round(batch, statistics.median(eager), statistics.median(compiled), [])
+        found = Round(batch, statistics.median(eager), statistics.median(compiled), [],
+                      summarize(eager)["p90_ms"])
         for cycle in range(CYCLES):
             side = slice(2 * cycle * per_block, 2 * (cycle + 1) * per_block)
             found.cycles.append(statistics.median(eager[side]) / statistics.median(compiled[side]))

@@ -843,6 +843,8 @@ class CompileRun:
         eager = summarize(self.timer.samples_ms(EAGER, wait=True))
         compiled = summarize(self.timer.samples_ms(COMPILED, wait=True)[-100:])
         speedup = metrics[telemetry.SPEEDUP]
+        latest = self._repriced()  # when a round prices the plan, its eager steps give eager's median and p90
+        eager_p90 = latest.eager_p90_ms if latest is not None and latest.eager_p90_ms is not None else eager.get("p90_ms")
         return {
             "speedup": speedup,
             "speedup_priced": self._speedup(metrics[telemetry.EAGER_STEP_TIME_MS], metrics[telemetry.STEP_TIME_MS])[1]
@@ -850,7 +852,7 @@ class CompileRun:
             "step_time_ms": metrics[telemetry.STEP_TIME_MS],
             "step_time_p90_ms": compiled.get("p90_ms"),
             "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],
-            "eager_step_time_p90_ms": eager.get("p90_ms"),
+            "eager_step_time_p90_ms": eager_p90,
             "compile_time_s": metrics[telemetry.COMPILE_TIME_S],
             "stall_s": metrics[telemetry.STALL_S],
             "graphs": int(metrics[telemetry.GRAPHS] or 0),

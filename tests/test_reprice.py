@@ -20,12 +20,12 @@ def test_a_round_runs_abba_blocks_and_waits_its_budget_before_the_next():
     assert eager == [True] * 4 + [False] * 8 + [True] * 8 + [False] * 8 + [True] * 4  # E C C E E C C E
     assert [label for _, label in steps[:5]] == [None, "reprice:eager#1", "reprice:eager#1", "reprice:eager#1", None]
     assert repricer.round_over(15 + repricer.length - 1) and repricer.step(15 + repricer.length) is None
-    # Eager 10 ms, compiled 2 ms: 5x; 12 eager steps ran 96 ms more than compiled ones, which at 1% of
-    # 2 ms steps is 4800 batches before the next round.
-    found = repricer.finish(46, [10.0] * 12, [2.0] * 12)
-    assert found.speedup == 5.0 and found.cycles == [5.0, 5.0]
-    assert repricer.next_at == 46 + 4800 and repricer.latest() is found
-    assert not repricer.due(47) and repricer.due(4846)
+    # Eager 10 ms (two steps 13 ms: the p90), compiled 2 ms: 5x; 12 eager steps ran 102 ms more than
+    # compiled ones, which at 1% of 2 ms steps is 5100 batches before the next round.
+    found = repricer.finish(46, [10.0] * 10 + [13.0, 13.0], [2.0] * 12)
+    assert found.speedup == 5.0 and found.cycles == [5.0, 5.0] and found.eager_p90_ms == 13.0
+    assert repricer.next_at == 46 + 5100 and repricer.latest() is found
+    assert not repricer.due(47) and repricer.due(5146)
     repricer.stop("no room")
     assert not repricer.due(10**6) and repricer.skipped == "no room"
 
@@ -43,6 +43,8 @@ def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     assert summary["speedup_priced"] == "re-measured" and summary["speedup"] == pytest.approx(found.speedup)
     assert found.eager_ms > 100 > 20 > found.compiled_ms  # the round's eager steps ran eagerly, the rest compiled
     assert summary["eager_step_time_ms"] == pytest.approx(found.eager_ms)
+    assert summary["eager_step_time_p90_ms"] == pytest.approx(found.eager_p90_ms)  # the same steps' p90
+    assert summary["eager_step_time_p90_ms"] >= summary["eager_step_time_ms"]
     metrics = run.metrics()
     assert metrics["compile/speedup_low"] == min(found.cycles) and metrics["compile/speedup_high"] == max(found.cycles)
     assert summary["recompiles"] == 0  # force_eager compiles nothing
