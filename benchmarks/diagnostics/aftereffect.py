@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import runner
+from benchmarks import dynamo_counts, runner
 from benchmarks.__main__ import parse_args, resolve_settings
 from benchmarks.variants import VARIANTS, Variant
 from benchmarks.workloads import make_workload
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, " + ", ".join(TREATMENTS))
     parser.add_argument("--eager-steps", type=int, default=100)
     args = parser.parse_args(argv)
+    dynamo_counts.disable_compile_caches()  # as the benchmark runs its variants: cold compiles, no background child
     smoke = not torch.cuda.is_available()
     device = torch.device("cuda" if not smoke else "cpu")
     bench_args = parse_args(["--workload", args.workload, "--out", "/tmp/aftereffect", "--in-fit-ab", "0"]

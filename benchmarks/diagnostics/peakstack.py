@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import runner
+from benchmarks import dynamo_counts, runner
 from benchmarks.__main__ import parse_args, resolve_settings
 from benchmarks.variants import VARIANTS
 from benchmarks.workloads import make_workload
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs CUDA: the allocator history is the CUDA caching allocator's")
+    dynamo_counts.disable_compile_caches()  # as the benchmark runs its variants: cold compiles, no background child
     out = os.environ.get("DOUT", "/tmp/peakstack")
     bench = parse_args(["--workload", args.workload, "--out", out, "--total-steps", str(args.total_steps),
                         "--in-fit-ab", "0"])
