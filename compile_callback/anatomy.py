@@ -702,10 +702,11 @@ class OpAnatomy:
             self._probe_due = True
         return kind is not None
 
-    def start_probe_if_due(self, *, allowed: bool) -> None:
-        """Starts the probe of the interval from now to the next batch, if one is due and ``allowed``
-        (not where validation or the epoch's end may follow); call it last at a batch's end."""
-        if self._probe_due and allowed:
+    def start_probe_if_due(self, *, allowed: Callable[[], bool]) -> None:
+        """Starts the probe of the interval from now to the next batch, if one is due and ``allowed()``
+        (not where validation or the epoch's end may follow; asked only when a probe is due: most
+        batches have none); call it last at a batch's end."""
+        if self._probe_due and allowed():
             self.probe.start(name=self._name_syncs_next, device_type=self.device_type)
 
     def finish_probe(self) -> HostSyncs | None:

@@ -162,7 +162,11 @@ class CompileCallback(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))
+        # Lightning reads it around every hook call (6 a batch); the options never change after __init__.
+        key = self.__dict__.get("_state_key")
+        if key is None:
+            key = self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))
+        return key
 
     # -- setup: checks before any training, a fresh run, padding at the source --------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -265,7 +269,7 @@ class CompileCallback(Callback):
         if step > 0 and step % every == 0 and step != self._last_logged_step:
             self._last_logged_step = step
             telemetry.log_scalars(trainer.loggers, self.run.metrics(), step=step)
-        self.run.start_probe(allowed=self._nothing_but_a_batch_follows(trainer, batch_idx))
+        self.run.start_probe(allowed=lambda: self._nothing_but_a_batch_follows(trainer, batch_idx))
 
     @staticmethod
     def _nothing_but_a_batch_follows(trainer: Trainer, batch_idx: int) -> bool:

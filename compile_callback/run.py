@@ -499,9 +499,9 @@ class CompileRun:
         if self.env.multi_process:  # rank 0's timings price the plan, and time the next round, on every rank
             self.repricer.rounds, self.repricer.next_at = self.env.broadcast((self.repricer.rounds, self.repricer.next_at), 0)
 
-    def start_probe(self, *, allowed: bool) -> None:
+    def start_probe(self, *, allowed: Callable[[], bool]) -> None:
         """The batch's last act (after logging): the host-sync probe of the interval to the next batch, when
-        due; ``allowed``: the next hook is surely the next batch's start (see the callback)."""
+        due; ``allowed()``: the next hook is surely the next batch's start (see the callback)."""
         self.anatomy_ops.start_probe_if_due(allowed=allowed)
 
     def _keys_wanted(self) -> bool:

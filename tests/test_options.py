@@ -345,3 +345,11 @@ def test_the_anatomy_samples_on_cpu_by_default_and_on_cuda_only_when_asked():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert anatomy_sampled(None, cpu) and not anatomy_sampled(None, cuda)
     assert anatomy_sampled(True, cuda) and not anatomy_sampled(False, cpu)
+
+
+def test_the_state_key_names_regions_and_backend_and_is_built_once():
+    # Lightning reads state_key around every hook call (6 a batch): built once, and still telling two
+    # callbacks of different regions or backends apart in a checkpoint.
+    named, auto, eager = CompileCallback("model"), CompileCallback(), CompileCallback("model", backend="eager")
+    assert len({named.state_key, auto.state_key, eager.state_key}) == 3
+    assert named.state_key is named.state_key
