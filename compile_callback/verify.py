@@ -194,11 +194,12 @@ def in_host_memory(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     next step: neither is read by a forward and backward. Beside verification's own gradients, the old
     ones were one model's gradients above the eager peak (HF GPT-2 124M: 0.47 GB on the H200). Each
     storage is emptied and refilled in place (``resize_``), so every tensor keeps its identity, its
-    views (DDP's bucket views) and its values.
+    views (DDP's bucket views) and its values. A storage that cannot be resized stays where it is
+    (:func:`parkable`).
     """
     storages: dict[int, torch.UntypedStorage] = {}
     for tensor in tensors:
-        if tensor.is_cuda and tensor.untyped_storage().nbytes():
+        if tensor.is_cuda and parkable(tensor.untyped_storage()):
             storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage())
     parked: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
     try:
@@ -213,6 +214,14 @@ def in_host_memory(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
         for storage, host in parked:
             storage.resize_(host.numel())
             _bytes(storage).copy_(host, non_blocking=True)
+
+
+def parkable(storage: torch.UntypedStorage) -> bool:
+    """Whether :func:`in_host_memory` may empty ``storage`` and refill it: it holds bytes and can be
+    resized. Tensors a CUDA graph's replay returned (a trial's gradients, left in ``.grad`` after a
+    CUDA-graph trial that was not kept) live in the graph's pool, in storages that cannot be resized:
+    on the H200 one ended a BERT fit ("Trying to resize storage that is not resizable")."""
+    return bool(storage.nbytes()) and storage.resizable()
 
 
 def optimizer_state_tensors(optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.Tensor]:

@@ -163,6 +163,30 @@ def test_verification_parks_gradients_in_host_memory_and_gives_them_back():
     assert torch.equal(view, values[0][:4])
 
 
+def test_gradients_in_a_cuda_graph_pool_stay_put_while_the_rest_is_parked():
+    """After CUDA-graph steps (a trial not kept leaves them in ``.grad``) the gradients live in the graph's
+    pool, in storages that cannot be resized: verification leaves them where they are (on the H200 one
+    ended a BERT fit) and parks the rest."""
+    from compile_callback.verify import in_host_memory, parkable
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).cuda()
+    model.compile(mode="reduce-overhead")
+    for _ in range(4):  # warm-up, recording, replays
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert not any(parkable(g.untyped_storage()) for g in grads)  # the premise: replayed outputs
+    other = torch.randn(1024, 1024, device="cuda")
+    values = [g.clone() for g in grads] + [other.clone()]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with in_host_memory(grads + [other]):
+        assert torch.cuda.memory_allocated() <= before - other.numel() * 4 + 4096
+    assert all(torch.equal(t, v) for t, v in zip(grads + [other], values))
+    torch._dynamo.reset()
+
+
 def test_held_inputs_wait_in_host_memory_and_replay_on_the_gpu_with_their_strides():
     from compile_callback.profile import RegionProfiler
 

@@ -130,3 +130,13 @@ def test_the_fp32_reference_runs_only_for_a_tensor_past_bf16s_tolerance(backend,
     assert states.count(False) == reference_runs, states  # autocast off: the fp32 reference's forward
     if reference_runs:
         assert "further from fp32 than eager" in result.where
+
+
+def test_only_storages_that_hold_bytes_and_resize_are_parked():
+    import numpy as np
+
+    from compile_callback.verify import parkable
+
+    assert parkable(torch.ones(4).untyped_storage())
+    assert not parkable(torch.empty(0).untyped_storage())
+    assert not parkable(torch.from_numpy(np.ones(4, dtype=np.float32)).untyped_storage())  # not resizable
