@@ -63,7 +63,8 @@ VARIANTS = {
     ),
     "hf_gpt2": (*FIXED_VARIANTS, "eager_end"),
     "timm_vit": (*FIXED_VARIANTS, "eager_end"),
-    "hf_bert_mlm": (*FIXED_VARIANTS, "eager_end"),
+    # whole_ro_fr (asked for by name): the plan as the callback's verification compiles a model with dropout.
+    "hf_bert_mlm": (*FIXED_VARIANTS[:4], "whole_ro_fr", *FIXED_VARIANTS[4:], "eager_end"),
 }
 WORKLOADS = tuple(VARIANTS)
 # Run only when named (--workload): further third-party models that check the product, beyond

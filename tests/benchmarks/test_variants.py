@@ -1,0 +1,17 @@
+"""The harness's compiled variants hand torch.compile arguments it accepts."""
+
+import pytest
+import torch
+
+from benchmarks.variants import VARIANTS, compile_kwargs
+
+
+@pytest.mark.parametrize("name", [n for n, v in VARIANTS.items() if v.compile is not None])
+def test_every_compiled_variant_passes_arguments_torch_compile_accepts(name):
+    kwargs = compile_kwargs(VARIANTS[name], smoke=False)
+    torch.compile(torch.nn.Linear(2, 2), **kwargs)  # mode with options, or an unknown option, raise here
+
+
+def test_the_fallback_random_variant_is_the_cuda_graph_plan_with_eager_random_numbers():
+    kwargs = compile_kwargs(VARIANTS["whole_ro_fr"], smoke=False)
+    assert kwargs == {"backend": "inductor", "options": {"triton.cudagraphs": True, "fallback_random": True}}
