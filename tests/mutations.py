@@ -39,6 +39,27 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="verification parks a storage that cannot be resized",
+        path="compile_callback/verify.py",
+        old="    return bool(storage.nbytes()) and storage.resizable()\n",
+        new="    return bool(storage.nbytes())\n",
+        tests=("tests/test_verify.py::test_only_storages_that_hold_bytes_and_resize_are_parked",),
+    ),
+    Mutation(
+        name="a re-priced eager median beside the trials' eager p90",
+        path="compile_callback/run.py",
+        old="        eager_p90 = latest.eager_p90_ms if latest is not None and latest.eager_p90_ms is not None else eager.get(\"p90_ms\")\n",
+        new="        eager_p90 = eager.get(\"p90_ms\")\n",
+        tests=("tests/test_reprice.py::test_a_frozen_plan_is_repriced_with_eager_beside_it",),
+    ),
+    Mutation(
+        name="the state key forgets the regions",
+        path="compile_callback/callback.py",
+        old="            key = self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",
+        new="            key = self._state_key = self._generate_state_key(backend=backend_name(self.backend))\n",
+        tests=("tests/test_options.py::test_the_state_key_names_regions_and_backend_and_is_built_once",),
+    ),
+    Mutation(
         name="a re-pricing round's eager blocks run compiled",
         path="compile_callback/run.py",
         old="                self._reprice_stance = torch.compiler.set_stance(\"force_eager\")  # ended in after_batch / release\n",
