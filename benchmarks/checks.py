@@ -80,7 +80,7 @@ def telemetry_error(
     """The callback's reported speedup against the harness's A/B, as a relative error.
 
     Returns:
-        ``reported``, ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
+        ``reported``, ``priced`` (how the callback priced it), ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
         used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); where the variant
         ran an in-fit A/B, the same against it: ``in_fit``, ``in_fit_error``, ``in_fit_passed`` (None
         without one); None for a variant without a callback.
@@ -89,13 +89,15 @@ def telemetry_error(
         return None
     baseline_name = EAGER_OF.get(record["variant"], "eager")
     baseline = _ok(records, baseline_name)
-    reported = reported_figures(record).get("speedup")
+    figures = reported_figures(record)
+    reported = figures.get("speedup")
     harness = harness_speedup(record, baseline, by_throughput=by_throughput) if baseline else None
     error = reported / harness - 1.0 if isinstance(reported, (int, float)) and harness else None
     in_fit = in_fit_speedup(record)
     in_fit_error = reported / in_fit - 1.0 if isinstance(reported, (int, float)) and in_fit else None
     return {
         "reported": reported,
+        "priced": figures.get("speedup_priced"),  # "trials", "re-measured", ...: how the callback priced it
         "harness": harness,
         "error": error,
         "baseline": baseline_name,

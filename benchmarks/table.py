@@ -447,9 +447,11 @@ def _check_verdicts(
     verdicts = []
 
     passed = telemetry.get("passed")
+    # How the callback priced it: a trial early in the run goes stale where the host drifts (issue 20).
+    priced = f" ({PRICED.get(telemetry['priced'], telemetry['priced'])})" if telemetry.get("priced") else ""
     measured = (
-        f"{_number(telemetry.get('reported'), '.3f', '×')} reported vs {_number(telemetry.get('harness'), '.3f', '×')} "
-        f"harness: {_number(telemetry.get('error'), '+.1%')}"
+        f"{_number(telemetry.get('reported'), '.3f', '×')} reported{priced} vs "
+        f"{_number(telemetry.get('harness'), '.3f', '×')} harness: {_number(telemetry.get('error'), '+.1%')}"
     ) if telemetry else "–"
     if telemetry.get("in_fit") is not None:
         measured += f"; vs {_number(telemetry.get('in_fit'), '.3f', '×')} in-fit A/B: {_number(telemetry.get('in_fit_error'), '+.1%')}"
@@ -488,6 +490,12 @@ def _check_verdicts(
         workload, f"callback peak memory ≤ {checks.MEMORY_FACTOR} × max(eager, kept plan)", measured,
         invalid or _verdict(passed)))
     return verdicts
+
+
+# What the callback's summary says of how it priced compile/speedup (compile_callback.run), as a table says it.
+PRICED = {"trials": "priced by its trials", "re-measured": "re-measured late in the run",
+          "shape by shape": "eager median of each shape over the latest steps",
+          "medians": "eager baseline median over the latest steps", "nothing compiled": "nothing compiled"}
 
 
 def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
