@@ -142,6 +142,8 @@ class CompileCallback(Callback):
             cache_dir=cache_dir, log_every_n_steps=log_every_n_steps, report=report, anatomy=anatomy,
             background_compile=background_compile,
         )
+        # Built once: Lightning reads it around every hook call (6 a batch); the options never change.
+        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))
         self.run: CompileRun | None = None  # this fit's planner, watch, timer, metrics(); new for each fit
         self._wrapped_hooks: list[tuple[Any, str]] = []  # (datamodule or module, hook name) wrapped for padding
         self._loaded_state: dict[str, Any] | None = None
@@ -162,11 +164,7 @@ class CompileCallback(Callback):
 
     @property
     def state_key(self) -> str:
-        # Lightning reads it around every hook call (6 a batch); the options never change after __init__.
-        key = self.__dict__.get("_state_key")
-        if key is None:
-            key = self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))
-        return key
+        return self._state_key
 
     # -- setup: checks before any training, a fresh run, padding at the source --------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

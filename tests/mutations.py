@@ -55,8 +55,8 @@ MUTATIONS = [
     Mutation(
         name="the state key forgets the regions",
         path="compile_callback/callback.py",
-        old="            key = self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",
-        new="            key = self._state_key = self._generate_state_key(backend=backend_name(self.backend))\n",
+        old="        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",
+        new="        self._state_key = self._generate_state_key(backend=backend_name(self.backend))\n",
         tests=("tests/test_options.py::test_the_state_key_names_regions_and_backend_and_is_built_once",),
     ),
     Mutation(

@@ -39,10 +39,9 @@ from typing import Any
 
 import torch
 
-from benchmarks import dynamo_counts, runner
-from benchmarks.__main__ import parse_args, resolve_settings
+from benchmarks import runner
+from benchmarks.diagnostics import prepare
 from benchmarks.variants import VARIANTS, Variant
-from benchmarks.workloads import make_workload
 
 
 def _profile_sessions(device: torch.device) -> None:
@@ -131,19 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, " + ", ".join(TREATMENTS))
     parser.add_argument("--eager-steps", type=int, default=100)
     args = parser.parse_args(argv)
-    dynamo_counts.disable_compile_caches()  # as the benchmark runs its variants: cold compiles, no background child
-    smoke = not torch.cuda.is_available()
-    device = torch.device("cuda" if not smoke else "cpu")
-    bench_args = parse_args(["--workload", args.workload, "--out", "/tmp/aftereffect", "--in-fit-ab", "0"]
-                            + (["--smoke"] if smoke else []))
-    settings = resolve_settings(bench_args, args.workload, device, bench_args.out)
+    prepared = prepare(args.workload, "/tmp/aftereffect")
+    settings, workload, state, device = prepared.settings, prepared.workload, prepared.state, prepared.device
     eager_settings = dataclasses.replace(
         settings, total_steps=args.eager_steps, measured_steps=max(1, int(0.6 * args.eager_steps)),
         longest_steps=args.eager_steps,
     )
-    workload = make_workload(args.workload, smoke=smoke, device=device)
-    state = runner.initial_state(workload, device, seed=settings.seed)
-    runner.warm_up_process(workload, settings, state)
     # Steps separated by ';' in the JSON of cb: options would be awkward; commas inside braces stay.
     steps, depth, current = [], 0, ""
     for char in args.steps:

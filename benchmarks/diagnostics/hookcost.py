@@ -20,12 +20,9 @@ import sys
 import time
 from collections import defaultdict
 
-import torch
-
-from benchmarks import dynamo_counts, runner
-from benchmarks.__main__ import parse_args, resolve_settings
+from benchmarks import runner
+from benchmarks.diagnostics import prepare
 from benchmarks.variants import VARIANTS
-from benchmarks.workloads import make_workload
 from compile_callback import CompileCallback
 
 HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_train_batch_end",
@@ -61,19 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--total-steps", type=int, default=1500)
     parser.add_argument("--last", type=int, default=1000, help="steps of each variant's end that are summarized")
     args = parser.parse_args(argv)
-    smoke = not torch.cuda.is_available()
-    device = torch.device("cpu" if smoke else "cuda")
-    dynamo_counts.disable_compile_caches()  # as the benchmark runs its variants
-    bench = parse_args(["--workload", args.workload, "--out", "/tmp/hookcost", "--total-steps", str(args.total_steps),
-                        "--in-fit-ab", "0"] + (["--smoke"] if smoke else []))
-    settings = resolve_settings(bench, args.workload, device, bench.out)
-    workload = make_workload(args.workload, device=device, smoke=smoke)
-    state = runner.initial_state(workload, device, seed=settings.seed)
-    runner.warm_up_process(workload, settings, state)
+    prepared = prepare(args.workload, "/tmp/hookcost", "--total-steps", str(args.total_steps))
     wrapped = install()
     for name in args.variants.split(","):
         timings.clear()
-        record = runner.run_variant(workload, VARIANTS[name], settings, state)
+        record = runner.run_variant(prepared.workload, VARIANTS[name], prepared.settings, prepared.state)
         steps = (record.get("step_ms_all") or [])[-args.last:]
         hooks = {hook: {"median_us": statistics.median(samples[-args.last:]),
                         "per_step_us": sum(samples[-args.last:]) / max(1, len(steps))}

@@ -24,10 +24,9 @@ from typing import Any
 
 import torch
 
-from benchmarks import dynamo_counts, runner
-from benchmarks.__main__ import parse_args, resolve_settings
+from benchmarks import runner
+from benchmarks.diagnostics import prepare
 from benchmarks.variants import VARIANTS
-from benchmarks.workloads import make_workload
 
 GB = 2**30
 OURS = ("compile_callback", "benchmarks", "transformers", "timm", "lightning")
@@ -105,20 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs CUDA: the allocator history is the CUDA caching allocator's")
-    dynamo_counts.disable_compile_caches()  # as the benchmark runs its variants: cold compiles, no background child
-    out = os.environ.get("DOUT", "/tmp/peakstack")
-    bench = parse_args(["--workload", args.workload, "--out", out, "--total-steps", str(args.total_steps),
-                        "--in-fit-ab", "0"])
-    device = torch.device("cuda")
-    settings = resolve_settings(bench, args.workload, device, bench.out)
-    workload = make_workload(args.workload, device=device, smoke=False)
-    initial = runner.initial_state(workload, settings.device, seed=settings.seed)
-    runner.warm_up_process(workload, settings, initial)
+    prepared = prepare(args.workload, os.environ.get("DOUT", "/tmp/peakstack"), "--total-steps", str(args.total_steps))
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=args.entries, context="alloc", stacks="python")
-    record = runner.run_variant(workload, VARIANTS[args.variant], settings, initial)
+    record = runner.run_variant(prepared.workload, VARIANTS[args.variant], prepared.settings, prepared.state)
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
