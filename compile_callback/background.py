@@ -270,7 +270,8 @@ def _child(path: str, parent: int) -> int:
 
     compile_region(Region(name=header["name"] or "model", module_names=[header["name"]], modules=[module]), header["options"])
     if header["verify"]:
-        result = verify_module(module, args, kwargs, context=context, tolerance=header["tolerance"])
+        result = verify_module(module, args, kwargs, context=context, tolerance=header["tolerance"],
+                               options=header["options"])
     else:
         result = warm_call(module, args, kwargs, context=context)
     if result.error is not None and result.where == "compile":

@@ -951,7 +951,8 @@ class AutoPlanner(_CompilesRegions):
                     continue
                 args, kwargs = held
                 if self.verify:
-                    result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance)
+                    result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
+                                           options=region.compiled_with)
                 else:
                     result = warm_call(module, args, kwargs, context=self.context)
                 if not result.passed or result.max_rel_error > worst.max_rel_error:

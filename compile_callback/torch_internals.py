@@ -19,6 +19,8 @@ What we read, and why it is the right source:
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
+- ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache
+  and its ``BACKEND_MATCH`` recompile reason: :func:`compiled_twin`.
 - ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
   compiled code because it has no lowering of its own; ``torch.autograd.profiler._is_profiler_enabled``:
   whether a profiler already runs (a second one cannot start).
@@ -279,6 +281,45 @@ def fallback_random() -> Iterator[None]:
 
     with inductor_config.patch(fallback_random=True):
         yield
+
+
+def mode_options(mode: str | None) -> dict[str, Any]:
+    """The Inductor options a ``torch.compile`` mode stands for (``"reduce-overhead"``: CUDA graphs)."""
+    if mode in (None, "default"):
+        return {}
+    return dict(torch._inductor.list_mode_options(mode))
+
+
+@contextmanager
+def compiled_twin(module: nn.Module, **compile_kwargs: Any) -> Iterator[None]:
+    """Inside the block, calling ``module`` runs a twin compiled with ``compile_kwargs`` into a dynamo cache
+    of its own; its own compiled call (if any) is back afterwards, untouched.
+
+    Dynamo keeps compiled graphs per code object, and ``nn.Module.compile`` compiles
+    ``nn.Module._call_impl``, whose code every compiled module shares (the module's identity is a guard).
+    The twin's top frame is a fresh copy of :func:`_twin_call`'s code, so what the twin compiles there is
+    neither reused by the module's own compiled call nor kept: it goes with the copy. Frames below a graph
+    break are shared code; a twin compiled with another backend (different options) is told apart there
+    by dynamo's backend check, which records the module's next compile of such a frame as a recompile
+    whose reason starts ``BACKEND_MATCH`` (see :func:`is_backend_mismatch`)."""
+    import types
+
+    fresh = types.FunctionType(_twin_call.__code__.replace(), _twin_call.__globals__, "verification_twin")
+    own = compiled_call(module)
+    module._compiled_call_impl = torch.compile(types.MethodType(fresh, module), **compile_kwargs)
+    try:
+        yield
+    finally:
+        module._compiled_call_impl = own
+
+
+def _twin_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return self._call_impl(*args, **kwargs)
+
+
+def is_backend_mismatch(recompile_reason: str) -> bool:
+    """A recompile only because the cached graph came from another backend (:func:`compiled_twin`)."""
+    return recompile_reason.lstrip().startswith("BACKEND_MATCH") or "BACKEND_MATCH failure" in recompile_reason
 
 
 def tree_leaves(tree: Any) -> list[Any]:

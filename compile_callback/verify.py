@@ -5,7 +5,8 @@ once eager, and their outputs and the gradients of their parameters (and of thei
 inputs) are compared. Nothing observable changes: gradients come from ``torch.autograd.grad`` (no
 ``.grad`` is written; the caller may hold the old ones in host memory meanwhile: :func:`in_host_memory`), buffers (BatchNorm statistics)
 are restored, both runs draw the same random
-numbers (inductor's ``fallback_random``, the same seed) and the RNG streams are restored afterwards.
+numbers (inductor's ``fallback_random``, the same seed; a region that draws any is verified on a twin
+compiled that way, see :func:`verify_module`) and the RNG streams are restored afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
+from compile_callback.regions import CompileOptions
 
 try:
     from torch.distributed.tensor import DTensor
@@ -268,6 +270,7 @@ def verify_module(
     *,
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     tolerance: float | None = None,
+    options: CompileOptions | None = None,
 ) -> VerificationResult:
     """Compares ``module`` (compiled in place) against its eager self on ``args``/``kwargs``.
 
@@ -276,6 +279,9 @@ def verify_module(
         args, kwargs: the held input.
         context: the training step's forward context (e.g. the precision plugin's autocast).
         tolerance: max relative error allowed; default by compute dtype (:data:`TOLERANCE`).
+        options: how ``module`` was compiled (default: ``torch.compile``'s). A module that draws random
+            numbers is verified on a twin compiled from them (:meth:`CompileOptions.verification_twin`),
+            and its own compiled call compiles at its first training step.
 
     Returns:
         The result; errors raised by the compiled call are returned as a failed result, not raised.
@@ -293,7 +299,7 @@ def verify_module(
         eager = contextlib.nullcontext() if compiled else torch_internals.eager_for_now(module)
         full = torch.autocast(device_type, enabled=False) if fp32 else contextlib.nullcontext()
         lean = lean_reference(device_type) if fp32 else contextlib.nullcontext()
-        randomness = fallback if compiled else contextlib.nullcontext()
+        randomness = random_draws() if compiled else contextlib.nullcontext()
         try:
             with torch.enable_grad(), eager, full, lean, randomness:
                 return _run(module, args, kwargs, take_outputs)
@@ -302,11 +308,18 @@ def verify_module(
 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))  # where results are compared
     device_type = device.type
-    # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so
-    # the two runs compare. It is also part of Inductor's cache key, so it is only turned on for
-    # regions that draw random numbers (active dropout): elsewhere the graph verified here is the
-    # one the training steps and a warm restart's cache lookups use.
-    fallback = torch_internals.fallback_random() if _draws_random_numbers(module) else contextlib.nullcontext()
+    # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so the two
+    # runs compare. A region that draws random numbers (active dropout) is therefore verified on a twin
+    # compiled that way, and trains on its own graph, compiled without it at its first step; elsewhere the
+    # graph verified here is the one the training steps and a warm restart's cache lookups use.
+    def random_draws() -> contextlib.AbstractContextManager:
+        if not _draws_random_numbers(module):
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch_internals.fallback_random())
+        stack.enter_context(torch_internals.compiled_twin(module, **(options or CompileOptions()).verification_twin()))
+        return stack
+
     with torch.random.fork_rng(devices=cuda_devices(module)), context():
         dtype = compute_dtype()
         limit = tolerance if tolerance is not None else TOLERANCE.get(dtype, 1e-3)

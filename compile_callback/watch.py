@@ -74,6 +74,9 @@ def classify_guard_failure(reason: str) -> tuple[str, str]:
     if match:
         name, kind, index, expected, actual = match.groups()
         return SHAPE, f"`{name}.{kind}({index})` changed {expected} → {actual}"
+    if torch_internals.is_backend_mismatch(text):
+        return OTHER, ("compiled again to train: the graph cached here came from another backend (verifying "
+                       "a region that draws random numbers compiles a twin with fallback_random)")
     if text.startswith("GLOBAL_STATE changed: grad_mode"):
         return OTHER, "grad mode changed (validation and inference run under no_grad): one more graph"
     match = _VALUE_GUARD.match(text)

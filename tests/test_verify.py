@@ -140,3 +140,45 @@ def test_only_storages_that_hold_bytes_and_resize_are_parked():
     assert parkable(torch.ones(4).untyped_storage())
     assert not parkable(torch.empty(0).untyped_storage())
     assert not parkable(torch.from_numpy(np.ones(4, dtype=np.float32)).untyped_storage())  # not resizable
+
+
+_COMPILED_GRAPHS: list[dict] = []  # per graph the recording backend compiled: fallback_random then, calls since
+
+
+def _recording(gm, example_inputs):
+    import torch._inductor.config as inductor_config
+
+    graph = {"fallback_random": inductor_config.fallback_random, "calls": 0}
+    _COMPILED_GRAPHS.append(graph)
+
+    def run(*args):
+        graph["calls"] += 1
+        return gm.forward(*args)
+
+    return run
+
+
+class _WithDropout(TinyModel):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        return super().forward(self.drop(x))
+
+
+def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph(tmp_path):
+    """Verifying dropout needs Inductor's fallback_random (random numbers drawn like eager), whose graph
+    saves what it draws for the backward (on the H200 BERT's step took 16.3 GB against 14.05): the twin
+    compiled that way runs once, in verification; the steps run a graph compiled without it."""
+    _COMPILED_GRAPHS.clear()
+    callback = CompileCallback(backend=_recording, eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1)
+    losses, _, trainer = seeded_fit(tmp_path, [callback], _WithDropout, seed=5, max_epochs=3)
+    decision = callback.last_report["decisions"][0]
+    assert decision["kept"] or "not faster" in decision["reason"], decision
+    assert decision["max_rel_error"] == 0.0, decision  # the twin drew dropout's numbers as eager did
+    twins = [g for g in _COMPILED_GRAPHS if g["fallback_random"]]
+    trained = [g for g in _COMPILED_GRAPHS if not g["fallback_random"]]
+    assert [g["calls"] for g in twins] == [1], _COMPILED_GRAPHS
+    assert trained and sum(g["calls"] for g in trained) >= 1 + 4, _COMPILED_GRAPHS  # warm-up and trial steps
+    assert len(losses) == trainer.global_step == 36
