@@ -105,19 +105,21 @@ class CompileOptions:
             kwargs["options"] = dict(self.options)
         return kwargs
 
-    def verification_twin(self) -> dict[str, Any]:
-        """``torch.compile``'s arguments for the twin that verifies a region drawing random numbers.
+    def verification_twin(self) -> dict[str, Any] | None:
+        """``torch.compile``'s arguments for the twin that verifies a region drawing random numbers, or
+        None where the region's own graph can be verified.
 
         Inductor draws random numbers its own way; with ``fallback_random`` it draws them like eager, so the
         twin's results compare with eager's. Training must not run that graph: it saves what it draws for
         the backward where Inductor's own recomputes it (on the H200, BERT's step 2.2 GB more, 16.3 GB
         against 14.05). So the twin gets the same options with ``fallback_random`` added (a backend that
         differs, so frames below a graph break are compiled apart too) and without CUDA graphs (the same
-        kernels replayed; a second pool is memory verification need not hold). Other backends: as they
-        are (they draw like eager unless they lower through Inductor, which the caller's patch covers).
+        kernels replayed; a second pool is memory verification need not hold). Other backends draw like
+        eager (``eager``, ``aot_eager``) or are the user's: their own graph is verified, under
+        ``fallback_random`` in case they lower through Inductor.
         """
         if self.backend != "inductor":
-            return self.as_kwargs()
+            return None
         options = {**torch_internals.mode_options(self.mode), **(self.options or {}), "fallback_random": True}
         options.pop("triton.cudagraphs", None)
         return {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic, "options": options}

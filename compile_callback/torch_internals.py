@@ -304,13 +304,24 @@ def compiled_twin(module: nn.Module, **compile_kwargs: Any) -> Iterator[None]:
     whose reason starts ``BACKEND_MATCH`` (see :func:`is_backend_mismatch`)."""
     import types
 
+    global _twins_running
     fresh = types.FunctionType(_twin_call.__code__.replace(), _twin_call.__globals__, "verification_twin")
     own = compiled_call(module)
     module._compiled_call_impl = torch.compile(types.MethodType(fresh, module), **compile_kwargs)
+    _twins_running += 1
     try:
         yield
     finally:
+        _twins_running -= 1
         module._compiled_call_impl = own
+
+
+_twins_running = 0
+
+
+def twin_running() -> bool:
+    """Whether a compile starting now is a verification twin's (:func:`compiled_twin`)."""
+    return _twins_running > 0
 
 
 def _twin_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -280,8 +280,8 @@ def verify_module(
         context: the training step's forward context (e.g. the precision plugin's autocast).
         tolerance: max relative error allowed; default by compute dtype (:data:`TOLERANCE`).
         options: how ``module`` was compiled (default: ``torch.compile``'s). A module that draws random
-            numbers is verified on a twin compiled from them (:meth:`CompileOptions.verification_twin`),
-            and its own compiled call compiles at its first training step.
+            numbers, compiled by Inductor, is verified on a twin compiled from them
+            (:meth:`CompileOptions.verification_twin`); its own compiled call compiles at its next call.
 
     Returns:
         The result; errors raised by the compiled call are returned as a failed result, not raised.
@@ -309,15 +309,18 @@ def verify_module(
     device = next((p.device for p in module.parameters()), torch.device("cpu"))  # where results are compared
     device_type = device.type
     # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so the two
-    # runs compare. A region that draws random numbers (active dropout) is therefore verified on a twin
-    # compiled that way, and trains on its own graph, compiled without it at its first step; elsewhere the
+    # runs compare. A region that draws random numbers (active dropout) compiled by Inductor is therefore
+    # verified on a twin compiled that way, and trains on its own graph, compiled without it at its first
+    # step (CompileOptions.verification_twin); elsewhere the
     # graph verified here is the one the training steps and a warm restart's cache lookups use.
     def random_draws() -> contextlib.AbstractContextManager:
         if not _draws_random_numbers(module):
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(torch_internals.fallback_random())
-        stack.enter_context(torch_internals.compiled_twin(module, **(options or CompileOptions()).verification_twin()))
+        twin = (options or CompileOptions()).verification_twin()
+        if twin is not None:
+            stack.enter_context(torch_internals.compiled_twin(module, **twin))
         return stack
 
     with torch.random.fork_rng(devices=cuda_devices(module)), context():

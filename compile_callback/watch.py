@@ -30,6 +30,14 @@ from compile_callback.torch_internals import CompileEvent, CompileRecord, GraphB
 
 UNATTRIBUTED = "(unattributed)"
 
+
+def twin_of(region: str) -> str:
+    """Where the compiles of a region's verification twin are counted (``verify.verify_module``: a region
+    that draws random numbers is verified on a twin compiled with fallback_random, and trains on its own
+    graph), and the recompiles its own graph then makes below a graph break, where the twin's graph,
+    from another backend, was cached first: dynamo's counts, kept apart from the region's churn."""
+    return f"{region} (verification twin)"
+
 _SIZE_MISMATCH = re.compile(r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 _VALUE_GUARD = re.compile(r"^(?P<subject>[\w\.\[\]'\"]+) == (?P<value>\S+)\s*(#\s*(?P<code>.*?)\s*#\s*(?P<where>\S+:\d+ in \w+))?")
 _COMPILE_ID_PREFIX = re.compile(r"^\s*!?\d+/\d+(_\d+)?:\s*")
@@ -274,6 +282,8 @@ class CompileWatch:
         if event.trigger == "DYNAMO":
             self.compiles_seen += 1
             region = self._attribute_from_stack()
+            if torch_internals.twin_running():
+                region = twin_of(region or UNATTRIBUTED)
             self._region_of_compile[event.compile_id] = region
             if region is not None and event.frame_id is not None:
                 self._region_of_frame.setdefault(event.frame_id, region)
@@ -328,7 +338,11 @@ class CompileWatch:
             stats.cache_misses += record.fx_cache_misses
             if record.guard_latency_us is not None and record.is_forward:
                 stats.guard_latencies_us.append(float(record.guard_latency_us))
-            if record.recompile_reason and record.is_forward:
+            if record.recompile_reason and record.is_forward and torch_internals.is_backend_mismatch(record.recompile_reason):
+                twin = self.stats[twin_of(region)]
+                twin.recompiles += 1
+                twin.recompile_reasons[readable_guard_failure(record.recompile_reason)] += 1
+            elif record.recompile_reason and record.is_forward:
                 kind, reason = classify_guard_failure(record.recompile_reason)
                 stats.recompiles += 1
                 stats.recompile_reasons[reason] += 1

@@ -41,8 +41,8 @@ MUTATIONS = [
     Mutation(
         name="verify-dropout-on-the-training-graph",  # issue 19: BERT trained on a fallback_random graph (+2.2 GB)
         path="compile_callback/verify.py",
-        old="        stack.enter_context(torch_internals.compiled_twin(",
-        new="        stack.enter_context((lambda *_, **__: contextlib.nullcontext())(",
+        old="            stack.enter_context(torch_internals.compiled_twin(module, **twin))",
+        new="            pass",
         tests=("tests/test_verify.py::test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph",),
     ),
     Mutation(
