@@ -109,13 +109,15 @@ class CompileOptions:
         """``torch.compile``'s arguments for the twin that verifies a region drawing random numbers, or
         None where the region's own graph can be verified.
 
-        Inductor draws random numbers its own way; with ``fallback_random`` it draws them like eager, so the
-        twin's results compare with eager's. Training must not run that graph: it saves what it draws for
-        the backward where Inductor's own recomputes it (on the H200, BERT's step 2.2 GB more, 16.3 GB
-        against 14.05). So the twin gets the same options with ``fallback_random`` added (a backend that
-        differs, so frames below a graph break are compiled apart too) and without CUDA graphs (the same
-        kernels replayed; a second pool is memory verification need not hold). Other backends draw like
-        eager (``eager``, ``aot_eager``) or are the user's: their own graph is verified, under
+        Inductor draws random numbers its own way, so a compiled dropout cannot be compared with eager's.
+        Training must not run a graph compiled to compare (Inductor's ``fallback_random``, random numbers
+        drawn like eager): it saves what it draws for the backward where Inductor's own recomputes it (on
+        the H200 BERT's step took 2.2 GB more, 16.3 GB against 14.05). So a twin is compiled and run with
+        the dropout layers at p=0 (``verify.dropout_off``; eager too), with the same options plus
+        ``fallback_random`` (for random ops that are no dropout layer; and a backend that differs, so
+        frames below a graph break are compiled apart too) and without CUDA graphs (the same kernels
+        replayed; a second pool is memory verification need not hold). Other backends draw like eager
+        (``eager``, ``aot_eager``) or are the user's: their own graph is verified, with dropout on, under
         ``fallback_random`` in case they lower through Inductor.
         """
         if self.backend != "inductor":

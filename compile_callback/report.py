@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from compile_callback.watch import is_twin
+
 REPORT_FILE = "compile_report.json"
 
 
@@ -322,7 +324,7 @@ def build_suggestions(
                 f"`{name}` runs eager: {stats['fallback_reason']}. Pad the changing dimension to a few "
                 f"fixed sizes, mark it dynamic (dynamic=True), or stop the Python value from changing."
             )
-        if stats["graph_breaks"]:
+        if stats["graph_breaks"] and not is_twin(name):  # a twin's breaks are its region's, counted again
             suggestions.append(
                 f"`{name}` has {stats['graph_breaks']} graph break(s); each splits the compiled code. "
                 f"Move the cause out of the region or rewrite it in tensor ops (see Graph breaks)."

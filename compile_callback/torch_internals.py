@@ -20,7 +20,7 @@ What we read, and why it is the right source:
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
 - ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache
-  and its ``BACKEND_MATCH`` recompile reason: :func:`compiled_twin`.
+  and its backend check: :func:`compiled_twin`.
 - ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
   compiled code because it has no lowering of its own; ``torch.autograd.profiler._is_profiler_enabled``:
   whether a profiler already runs (a second one cannot start).
@@ -300,8 +300,7 @@ def compiled_twin(module: nn.Module, **compile_kwargs: Any) -> Iterator[None]:
     The twin's top frame is a fresh copy of :func:`_twin_call`'s code, so what the twin compiles there is
     neither reused by the module's own compiled call nor kept: it goes with the copy. Frames below a graph
     break are shared code; a twin compiled with another backend (different options) is told apart there
-    by dynamo's backend check, which records the module's next compile of such a frame as a recompile
-    whose reason starts ``BACKEND_MATCH`` (see :func:`is_backend_mismatch`)."""
+    by dynamo's guards or its backend check: the module's next compile of such a frame is a recompile."""
     import types
 
     global _twins_running
@@ -326,11 +325,6 @@ def twin_running() -> bool:
 
 def _twin_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return self._call_impl(*args, **kwargs)
-
-
-def is_backend_mismatch(recompile_reason: str) -> bool:
-    """A recompile only because the cached graph came from another backend (:func:`compiled_twin`)."""
-    return recompile_reason.lstrip().startswith("BACKEND_MATCH") or "BACKEND_MATCH failure" in recompile_reason
 
 
 def tree_leaves(tree: Any) -> list[Any]:

@@ -33,10 +33,18 @@ UNATTRIBUTED = "(unattributed)"
 
 def twin_of(region: str) -> str:
     """Where the compiles of a region's verification twin are counted (``verify.verify_module``: a region
-    that draws random numbers is verified on a twin compiled with fallback_random, and trains on its own
-    graph), and the recompiles its own graph then makes below a graph break, where the twin's graph,
-    from another backend, was cached first: dynamo's counts, kept apart from the region's churn."""
-    return f"{region} (verification twin)"
+    that draws random numbers is verified on a twin, dropout off, and trains on its own graph), and the
+    recompiles its own graph then makes below a graph break, where the twin's graph was cached first
+    (dropout's ``p`` changed from 0.0, or another backend): dynamo's counts, apart from the region's churn."""
+    return f"{region}{_TWIN}"
+
+
+_TWIN = " (verification twin)"
+
+
+def is_twin(name: str) -> bool:
+    """Whether a name in the compile accounting is a verification twin's (:func:`twin_of`)."""
+    return name.endswith(_TWIN)
 
 _SIZE_MISMATCH = re.compile(r"tensor '(.+?)' (size|stride) mismatch at index (\d+)\. expected (\d+), actual (\d+)")
 _VALUE_GUARD = re.compile(r"^(?P<subject>[\w\.\[\]'\"]+) == (?P<value>\S+)\s*(#\s*(?P<code>.*?)\s*#\s*(?P<where>\S+:\d+ in \w+))?")
@@ -82,9 +90,6 @@ def classify_guard_failure(reason: str) -> tuple[str, str]:
     if match:
         name, kind, index, expected, actual = match.groups()
         return SHAPE, f"`{name}.{kind}({index})` changed {expected} → {actual}"
-    if torch_internals.is_backend_mismatch(text):
-        return OTHER, ("compiled again to train: the graph cached here came from another backend (verifying "
-                       "a region that draws random numbers compiles a twin with fallback_random)")
     if text.startswith("GLOBAL_STATE changed: grad_mode"):
         return OTHER, "grad mode changed (validation and inference run under no_grad): one more graph"
     match = _VALUE_GUARD.match(text)
@@ -217,6 +222,7 @@ class CompileWatch:
         self._handles: tuple[Any, Any] | None = None
         self._marker: object | None = None
         self._dirty = False
+        self._after_twin: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +243,10 @@ class CompileWatch:
         """Attributes compiles under ``region``'s modules to ``region.name`` from now on."""
         for module in region.modules:
             self.region_by_module_id[id(module)] = region.name
+
+    def after_twin(self, region: str) -> None:
+        """``region`` is verified on a twin: its recompiles until its own graph has compiled are the twin's."""
+        self._after_twin.add(region)
 
     def set_phase(self, *, stage: str, epoch: int, step: int) -> None:
         self.stage, self.epoch, self.step = stage, epoch, step
@@ -338,7 +348,7 @@ class CompileWatch:
             stats.cache_misses += record.fx_cache_misses
             if record.guard_latency_us is not None and record.is_forward:
                 stats.guard_latencies_us.append(float(record.guard_latency_us))
-            if record.recompile_reason and record.is_forward and torch_internals.is_backend_mismatch(record.recompile_reason):
+            if record.recompile_reason and record.is_forward and region in self._after_twin:
                 twin = self.stats[twin_of(region)]
                 twin.recompiles += 1
                 twin.recompile_reasons[readable_guard_failure(record.recompile_reason)] += 1
@@ -357,6 +367,8 @@ class CompileWatch:
                 )
             elif record.fail_type and record.is_forward:
                 stats.compile_errors.append(f"{record.fail_type}: {torch_internals.first_line(record.fail_reason or '')}")
+        # A region's own graph has compiled: its later recompiles are its own.
+        self._after_twin -= {self._region_of_compile.get(r.compile_id) for r in records if r.is_forward}
         return records
 
     def _name_for_unknown(self, record: CompileRecord) -> str:

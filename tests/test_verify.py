@@ -192,12 +192,13 @@ def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_
     assert decision["region"] == "model" and decision["max_rel_error"] is not None, decision
     assert decision["max_rel_error"] < 1e-3, decision  # the twin drew dropout's numbers as eager did
     twins = [g for g in graphs if g["fallback_random"]]
-    trained = [g for g in graphs if not g["fallback_random"]]
-    assert twins and all(g["calls"] == 1 for g in twins), graphs
-    assert trained and min(g["calls"] for g in trained) >= 1 + 4, graphs  # warm-up and trial steps
+    trained = [g for g in graphs if g["calls"] > 1]
+    assert twins and all(g["calls"] == 1 for g in twins), graphs  # run once, in verification
+    assert trained and not any(g["fallback_random"] for g in trained), graphs
+    assert min(g["calls"] for g in trained) >= 1 + 4, graphs  # warm-up and trial steps
     regions = callback.last_report["regions"]
-    assert regions["model"]["recompiles"] == 0 and regions["model"]["graphs"] == len(trained), regions
-    assert regions["model (verification twin)"]["graphs"] == len(twins), regions
-    assert regions["model (verification twin)"]["recompiles"] >= 1, regions  # its own graph, below the break
+    assert regions["model"]["graphs"] >= 1 and regions["model"]["recompiles"] == 0, regions
+    twin = regions["model (verification twin)"]
+    assert twin["graphs"] == len(twins) and twin["recompiles"] >= 1, regions  # its own graph, below the break
     assert len(losses) == trainer.global_step == 36
     torch._dynamo.reset()

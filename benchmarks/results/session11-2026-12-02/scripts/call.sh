@@ -21,6 +21,7 @@ for spec in "$@"; do
          | grep -E "^\[benchmarks\]|Error|error|Traceback|OOM|memory" | grep -v "it/s" >> $L ;;
   esac
   echo "$workload rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s" | tee -a $L
+  mkdir -p $OUT/res; cp /tmp/b/*/*.json $OUT/res/ 2>/dev/null  # each workload's results kept as it ends
 done
 kill $CLOCK
 mkdir -p $OUT/res; cp /tmp/b/*/*.json $OUT/res/ 2>/dev/null
