@@ -243,7 +243,7 @@ def _child(path: str, parent: int) -> int:
     """The child: load, compile as a trial does, run the verification's runs, say how it went."""
     from compile_callback.planner import warm_call
     from compile_callback.profile import _copy
-    from compile_callback.verify import verify_module
+    from compile_callback.verify import run_forward_and_backward, twin_options, verify_module
 
     _watch_parent(parent)
     started = time.monotonic()
@@ -272,6 +272,11 @@ def _child(path: str, parent: int) -> int:
     if header["verify"]:
         result = verify_module(module, args, kwargs, context=context, tolerance=header["tolerance"],
                                options=header["options"])
+        if result.passed and twin_options(module, header["options"]) is not None:
+            # Verified on a twin (dropout): the graph the run trains on is the module's own; warm it too,
+            # forward and backward (the backward compiles at its first call).
+            with context():
+                run_forward_and_backward(module, args, kwargs)
     else:
         result = warm_call(module, args, kwargs, context=context)
     if result.error is not None and result.where == "compile":

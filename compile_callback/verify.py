@@ -5,8 +5,8 @@ once eager, and their outputs and the gradients of their parameters (and of thei
 inputs) are compared. Nothing observable changes: gradients come from ``torch.autograd.grad`` (no
 ``.grad`` is written; the caller may hold the old ones in host memory meanwhile: :func:`in_host_memory`), buffers (BatchNorm statistics)
 are restored, both runs draw the same random
-numbers (inductor's ``fallback_random``, the same seed; a region that draws any is verified on a twin
-compiled that way, see :func:`verify_module`) and the RNG streams are restored afterwards.
+numbers (inductor's ``fallback_random``, the same seed; a region with active dropout compiled by Inductor
+is verified on a twin, its dropout off: :func:`verify_module`) and the RNG streams are restored afterwards.
 """
 
 from __future__ import annotations
@@ -169,6 +169,12 @@ def _run(
         found = torch.autograd.grad(seeds, wrt, grad_outputs=weights, allow_unused=True)
         grads = [_local(g if g is not None else torch.zeros_like(p)) for g, p in zip(found, wrt)]
     return count, grads
+
+
+def run_forward_and_backward(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """One forward and backward of ``module`` as verification runs them, results dropped (grad mode on)."""
+    with torch.enable_grad():
+        _run(module, args, kwargs, lambda outputs: None)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -337,13 +343,12 @@ def verify_module(
     device_type = device.type
     # Inductor draws random numbers its own way; with fallback_random it draws them like eager, so the two
     # runs compare. A region that draws random numbers (active dropout) compiled by Inductor is therefore
-    # verified on a twin compiled that way, and trains on its own graph, compiled without it at its first
-    # step (CompileOptions.verification_twin); elsewhere the
-    # graph verified here is the one the training steps and a warm restart's cache lookups use.
-    # Both runs of such a twin have their dropout layers at p=0: with fallback_random Inductor saves what
-    # dropout draws for the backward, and more (on the H200 BERT's twin with its dropout on took the fit to
-    # 15.6 GB against eager's 12.8 and the plan's 14.05). Nothing else changes; what fallback_random covers,
-    # Inductor's own random numbers, no comparison with eager could check either way.
+    # verified on a twin compiled that way, and trains on its own graph, compiled without it at its next
+    # call (CompileOptions.verification_twin); elsewhere the graph verified here is the one the training
+    # steps and a warm restart's cache lookups use. Both runs of such a twin have their dropout layers at
+    # p=0: with fallback_random Inductor saves what dropout draws for the backward, and more (on the H200
+    # BERT's twin with its dropout on took the fit to 15.6 GB against eager's 12.8 and the plan's 14.05).
+    # What that leaves unchecked, Inductor's own random numbers, no comparison with eager could check.
     random = _draws_random_numbers(module)
     twin = twin_options(module, options)
 
