@@ -14,7 +14,8 @@ What the child gets, so that its compile keys the caches as the trial's own comp
   deterministic-algorithms setting and the autocast of the training step's forward, as they are now;
 - the same calls: :func:`~compile_callback.regions.compile_region`, then the run verification makes
   (:func:`~compile_callback.verify.verify_module`: an eager and a compiled forward and backward, so the
-  backward is compiled too).
+  backward is compiled too; a region with active dropout is verified on a twin, so the child then runs
+  the module's own compiled forward and backward as well, the graph the run trains on).
 The child is a fresh interpreter (``python -m compile_callback.background``: never a fork of a process
 that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
 (a class defined in the script's ``__main__`` is not).
@@ -274,9 +275,13 @@ def _child(path: str, parent: int) -> int:
                                options=header["options"])
         if result.passed and twin_options(module, header["options"]) is not None:
             # Verified on a twin (dropout): the graph the run trains on is the module's own; warm it too,
-            # forward and backward (the backward compiles at its first call).
-            with context():
-                run_forward_and_backward(module, args, kwargs)
+            # forward and backward (the backward compiles at its first call). Best effort: the run
+            # compiles it at its next step either way.
+            try:
+                with context():
+                    run_forward_and_backward(module, args, kwargs)
+            except Exception as error:
+                print(f"the training graph was not warmed: {type(error).__name__}: {error}", flush=True)
     else:
         result = warm_call(module, args, kwargs, context=context)
     if result.error is not None and result.where == "compile":

@@ -42,6 +42,7 @@ from compile_callback.verify import (
     VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory, twin_options,
     verify_module,
 )
+from compile_callback.watch import twin_of
 
 WARMUP = None  # a batch that is run but not timed (label None)
 EAGER = "eager"
@@ -945,6 +946,7 @@ class AutoPlanner(_CompilesRegions):
     def _verify(self, region: Region) -> VerificationResult:
         assert self.profiler is not None
         worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
+        twin = torch_internals.TwinScope()  # one verification twin for all of the region's modules (verify_module)
         with in_host_memory(self._between_steps()):  # once for all of the region's modules
             for name, module in zip(region.module_names, region.modules):
                 held = self.profiler.held_input(name)
@@ -953,9 +955,9 @@ class AutoPlanner(_CompilesRegions):
                 args, kwargs = held
                 if self.verify:
                     if twin_options(module, region.compiled_with) is not None:
-                        self.watch.after_twin(region.name)
+                        self.watch.after_twin(module)
                     result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
-                                           options=region.compiled_with)
+                                           options=region.compiled_with, twin_scope=twin)
                 else:
                     result = warm_call(module, args, kwargs, context=self.context)
                 if not result.passed or result.max_rel_error > worst.max_rel_error:
@@ -1016,7 +1018,8 @@ class AutoPlanner(_CompilesRegions):
     def _compile_counts(self, region_names: list[str]) -> tuple[float, int, int]:
         """Compile seconds and FX-graph cache hits and misses the watch has counted for these regions."""
         self.watch.collect()
-        stats = [self.watch.stats[name] for name in region_names if name in self.watch.stats]
+        names = [n for name in region_names for n in (name, twin_of(name))]  # a verification twin's too
+        stats = [self.watch.stats[name] for name in names if name in self.watch.stats]
         return (sum(s.compile_seconds for s in stats), sum(s.cache_hits for s in stats), sum(s.cache_misses for s in stats))
 
     def _compiled_since(self, before: tuple[float, int, int], region_names: list[str]) -> tuple[float, str | None]:

@@ -19,8 +19,8 @@ What we read, and why it is the right source:
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
-- ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache
-  and its backend check: :func:`compiled_twin`.
+- ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache,
+  the globals it puts compiled functions in, and its backend check: :class:`TwinScope`.
 - ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
   compiled code because it has no lowering of its own; ``torch.autograd.profiler._is_profiler_enabled``:
   whether a profiler already runs (a second one cannot start).
@@ -290,36 +290,51 @@ def mode_options(mode: str | None) -> dict[str, Any]:
     return dict(torch._inductor.list_mode_options(mode))
 
 
-@contextmanager
-def compiled_twin(module: nn.Module, **compile_kwargs: Any) -> Iterator[None]:
-    """Inside the block, calling ``module`` runs a twin compiled with ``compile_kwargs`` into a dynamo cache
-    of its own; its own compiled call (if any) is back afterwards, untouched.
+class TwinScope:
+    """One verification twin's compiled callable, shared by the modules of one region (``blocks.*``: one
+    compile for all blocks, as the region's own graph is), in a dynamo cache of its own.
 
     Dynamo keeps compiled graphs per code object, and ``nn.Module.compile`` compiles
     ``nn.Module._call_impl``, whose code every compiled module shares (the module's identity is a guard).
-    The twin's top frame is a fresh copy of :func:`_twin_call`'s code, so what the twin compiles there is
-    neither reused by the module's own compiled call nor kept: it goes with the copy. Frames below a graph
-    break are shared code; a twin compiled with another backend (different options) is told apart there
-    by dynamo's guards or its backend check: the module's next compile of such a frame is a recompile."""
-    import types
+    The twin's top frame is a fresh copy of :func:`_twin_call`'s code with globals of its own (where dynamo
+    puts the compiled functions), so what the twin compiles there is neither reused by the modules' own
+    compiled calls nor kept: it goes with the scope. Frames below a graph break are shared code: there the
+    twin's graphs stay cached (guarded on what differs: another backend, dropout's p), and the module's
+    own next compile of such a frame is a recompile (:class:`compile_callback.watch.CompileWatch` counts
+    it under the twin)."""
 
-    global _twins_running
-    fresh = types.FunctionType(_twin_call.__code__.replace(), _twin_call.__globals__, "verification_twin")
-    own = compiled_call(module)
-    module._compiled_call_impl = torch.compile(types.MethodType(fresh, module), **compile_kwargs)
-    _twins_running += 1
-    try:
-        yield
-    finally:
-        _twins_running -= 1
-        module._compiled_call_impl = own
+    def __init__(self) -> None:
+        import builtins
+        import types
+
+        self._function = types.FunctionType(_twin_call.__code__.replace(), {"__builtins__": builtins},
+                                            "verification_twin")
+        self._compiled: Any = None
+        self._kwargs: dict[str, Any] | None = None
+
+    @contextmanager
+    def running(self, module: nn.Module, **compile_kwargs: Any) -> Iterator[None]:
+        """Inside the block, calling ``module`` runs the twin; its own compiled call is back afterwards."""
+        import functools
+
+        global _twins_running
+        if self._compiled is None or compile_kwargs != self._kwargs:
+            self._compiled, self._kwargs = torch.compile(self._function, **compile_kwargs), compile_kwargs
+        own = compiled_call(module)
+        module._compiled_call_impl = functools.partial(self._compiled, module)
+        _twins_running += 1
+        try:
+            yield
+        finally:
+            _twins_running -= 1
+            module._compiled_call_impl = own
 
 
 _twins_running = 0
 
 
 def twin_running() -> bool:
-    """Whether a compile starting now is a verification twin's (:func:`compiled_twin`)."""
+    """Whether a compile starting now is a verification twin's (:class:`TwinScope`)."""
     return _twins_running > 0
 
 

@@ -304,6 +304,7 @@ def verify_module(
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     tolerance: float | None = None,
     options: CompileOptions | None = None,
+    twin_scope: torch_internals.TwinScope | None = None,
 ) -> VerificationResult:
     """Compares ``module`` (compiled in place) against its eager self on ``args``/``kwargs``.
 
@@ -315,6 +316,7 @@ def verify_module(
         options: how ``module`` was compiled (default: ``torch.compile``'s). A module that draws random
             numbers, compiled by Inductor, is verified on a twin compiled from them
             (:meth:`CompileOptions.verification_twin`); its own compiled call compiles at its next call.
+        twin_scope: the twin shared by the modules of one region (one compile for all; default: its own).
 
     Returns:
         The result; errors raised by the compiled call are returned as a failed result, not raised.
@@ -329,7 +331,7 @@ def verify_module(
 
     def run(*, compiled: bool, take_outputs: Callable[[list[torch.Tensor]], None], fp32: bool = False
             ) -> tuple[int, list[torch.Tensor]]:
-        eager = contextlib.nullcontext() if compiled else torch_internals.eager_for_now(module)
+        eager = contextlib.nullcontext() if compiled else eager_reference()
         full = torch.autocast(device_type, enabled=False) if fp32 else contextlib.nullcontext()
         lean = lean_reference(device_type) if fp32 else contextlib.nullcontext()
         randomness = random_draws() if compiled else contextlib.nullcontext()
@@ -351,14 +353,27 @@ def verify_module(
     # What that leaves unchecked, Inductor's own random numbers, no comparison with eager could check.
     random = _draws_random_numbers(module)
     twin = twin_options(module, options)
+    scope = (twin_scope or torch_internals.TwinScope()) if twin is not None else None
 
-    def random_draws() -> contextlib.AbstractContextManager:
-        stack = contextlib.ExitStack()
-        if random:  # random ops other than dropout layers' (e.g. a drop-path) still draw like eager
-            stack.enter_context(torch_internals.fallback_random())
-        if twin is not None:
-            stack.enter_context(torch_internals.compiled_twin(module, **twin))
-        return stack
+    @contextlib.contextmanager
+    def random_draws() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if random:  # random ops other than dropout layers' (e.g. a drop-path) still draw like eager
+                stack.enter_context(torch_internals.fallback_random())
+            if scope is not None:
+                stack.enter_context(scope.running(module, **twin))
+            yield
+
+    @contextlib.contextmanager
+    def eager_reference() -> Iterator[None]:
+        with torch_internals.eager_for_now(module):
+            if scope is None:
+                yield
+                return
+            # Dropout is off: compiled regions inside this one (a plan kept before) run eagerly too, or
+            # they would compile again for p=0 and count it as their own churn.
+            with torch.compiler.set_stance("force_eager"):
+                yield
 
     quiet = dropout_off(module) if twin is not None else contextlib.nullcontext()
     with torch.random.fork_rng(devices=cuda_devices(module)), context(), quiet:

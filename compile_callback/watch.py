@@ -34,8 +34,9 @@ UNATTRIBUTED = "(unattributed)"
 def twin_of(region: str) -> str:
     """Where the compiles of a region's verification twin are counted (``verify.verify_module``: a region
     that draws random numbers is verified on a twin, dropout off, and trains on its own graph), and the
-    recompiles its own graph then makes below a graph break, where the twin's graph was cached first
-    (dropout's ``p`` changed from 0.0, or another backend): dynamo's counts, apart from the region's churn."""
+    recompiles its own graph makes in that step below a graph break, where the twin's graph was cached
+    first (dropout's ``p`` changed from 0.0, or another backend): dynamo's counts, apart from the region's
+    churn (never in ``recompiles`` or a per-epoch count)."""
     return f"{region}{_TWIN}"
 
 
@@ -222,7 +223,7 @@ class CompileWatch:
         self._handles: tuple[Any, Any] | None = None
         self._marker: object | None = None
         self._dirty = False
-        self._after_twin: set[str] = set()
+        self._after_twin: dict[str, int] = {}  # region -> the step its verification twin ran in
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -244,9 +245,9 @@ class CompileWatch:
         for module in region.modules:
             self.region_by_module_id[id(module)] = region.name
 
-    def after_twin(self, region: str) -> None:
-        """``region`` is verified on a twin: its recompiles until its own graph has compiled are the twin's."""
-        self._after_twin.add(region)
+    def after_twin(self, module: Any) -> None:
+        """``module``'s region is verified on a twin now: its recompiles in this step are the twin's doing."""
+        self._after_twin[self.region_by_module_id.get(id(module), UNATTRIBUTED)] = self.step
 
     def set_phase(self, *, stage: str, epoch: int, step: int) -> None:
         self.stage, self.epoch, self.step = stage, epoch, step
@@ -295,7 +296,8 @@ class CompileWatch:
             if torch_internals.twin_running():
                 region = twin_of(region or UNATTRIBUTED)
             self._region_of_compile[event.compile_id] = region
-            if region is not None and event.frame_id is not None:
+            # A twin compiles frames below a graph break first; they belong to the region that trains on them.
+            if region is not None and event.frame_id is not None and not torch_internals.twin_running():
                 self._region_of_frame.setdefault(event.frame_id, region)
         self._open[event.compile_id] = (torch_internals.unique_graphs(), torch_internals.graph_break_count())
 
@@ -348,8 +350,9 @@ class CompileWatch:
             stats.cache_misses += record.fx_cache_misses
             if record.guard_latency_us is not None and record.is_forward:
                 stats.guard_latencies_us.append(float(record.guard_latency_us))
-            if record.recompile_reason and record.is_forward and region in self._after_twin:
-                twin = self.stats[twin_of(region)]
+            twins = is_twin(region) or self._after_twin.get(region) == self.step
+            if record.recompile_reason and record.is_forward and twins:
+                twin = self.stats[region if is_twin(region) else twin_of(region)]
                 twin.recompiles += 1
                 twin.recompile_reasons[readable_guard_failure(record.recompile_reason)] += 1
             elif record.recompile_reason and record.is_forward:
@@ -367,8 +370,6 @@ class CompileWatch:
                 )
             elif record.fail_type and record.is_forward:
                 stats.compile_errors.append(f"{record.fail_type}: {torch_internals.first_line(record.fail_reason or '')}")
-        # A region's own graph has compiled: its later recompiles are its own.
-        self._after_twin -= {self._region_of_compile.get(r.compile_id) for r in records if r.is_forward}
         return records
 
     def _name_for_unknown(self, record: CompileRecord) -> str:

@@ -39,10 +39,31 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="verify-dropout-left-off",
+        path="compile_callback/verify.py",
+        old="            layer.p = p\n",
+        new="            pass\n",
+        tests=("tests/test_verify.py::test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph",),
+    ),
+    Mutation(
+        name="verify-dropout-twin-per-module",
+        path="compile_callback/verify.py",
+        old="    scope = (twin_scope or torch_internals.TwinScope()) if twin is not None else None",
+        new="    scope = torch_internals.TwinScope() if twin is not None else None",
+        tests=("tests/test_verify.py::test_the_modules_of_one_region_share_one_twin_and_leave_nothing_behind",),
+    ),
+    Mutation(
+        name="verify-dropout-twin-code-kept-in-module-globals",
+        path="compile_callback/torch_internals.py",
+        old='_twin_call.__code__.replace(), {"__builtins__": builtins},',
+        new="_twin_call.__code__.replace(), _twin_call.__globals__,",
+        tests=("tests/test_verify.py::test_the_modules_of_one_region_share_one_twin_and_leave_nothing_behind",),
+    ),
+    Mutation(
         name="verify-dropout-on-the-training-graph",  # issue 19: BERT trained on a fallback_random graph (+2.2 GB)
         path="compile_callback/verify.py",
-        old="            stack.enter_context(torch_internals.compiled_twin(module, **twin))",
-        new="            pass",
+        old="                stack.enter_context(scope.running(module, **twin))",
+        new="                pass",
         tests=("tests/test_verify.py::test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph",),
     ),
     Mutation(

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._dynamo import register_backend
 
-from compile_callback import CompileCallback
+from compile_callback import CompileCallback, torch_internals
 from compile_callback.report import render_markdown
 from compile_callback.verify import TensorError, _errors, further_from_fp32
 from tests.conftest import TinyModel, seeded_fit
@@ -153,16 +153,12 @@ class _WithDropoutAndABreak(TinyModel):
         return self.head(self.blocks[0](x))
 
 
-def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph(tmp_path, monkeypatch):
-    """Verifying dropout needs Inductor's fallback_random (random numbers drawn like eager), whose graph
-    saves what it draws for the backward (on the H200 BERT's step took 16.3 GB against 14.05): the twin
-    compiled that way runs once, in verification; the steps run graphs compiled without it. The twin's
-    compiles, and the recompiles the region's own graph makes where the twin's was cached first (below
-    the graph break), are counted apart from the region's."""
+def _record_inductor_graphs(monkeypatch) -> list[dict]:
+    """Per graph Inductor compiles from now on: whether fallback_random was on, and its calls since."""
     import torch._inductor.compile_fx as compile_fx
     import torch._inductor.config as inductor_config
 
-    graphs: list[dict] = []  # per graph Inductor compiled: fallback_random then, calls since
+    graphs: list[dict] = []
     real = compile_fx.compile_fx
 
     inside = []  # compile_fx calls itself once with a backend's options applied: record the outer call
@@ -185,9 +181,20 @@ def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_
         return run
 
     monkeypatch.setattr(compile_fx, "compile_fx", recording)
+    return graphs
+
+
+def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_its_own_graph(tmp_path, monkeypatch):
+    """Verifying dropout needs Inductor's fallback_random (random numbers drawn like eager), whose graph
+    saves what it draws for the backward (on the H200 BERT's step took 16.3 GB against 14.05): the twin
+    compiled that way runs once, in verification; the steps run graphs compiled without it. The twin's
+    compiles, and the recompiles the region's own graph makes where the twin's was cached first (below
+    the graph break), are counted apart from the region's."""
+    graphs = _record_inductor_graphs(monkeypatch)
     torch._dynamo.reset()
     callback = CompileCallback(eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1, anatomy=False)
-    losses, _, trainer = seeded_fit(tmp_path, [callback], _WithDropoutAndABreak, seed=5, max_epochs=3)
+    losses, model, trainer = seeded_fit(tmp_path, [callback], _WithDropoutAndABreak, seed=5, max_epochs=3)
+    assert model.drop.p == 0.2 and not torch_internals.twin_running()  # dropout back on, no twin left running
     decision = callback.last_report["decisions"][0]
     assert decision["region"] == "model" and decision["max_rel_error"] is not None, decision
     assert decision["max_rel_error"] < 1e-3, decision  # the twin drew dropout's numbers as eager did
@@ -201,4 +208,26 @@ def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_
     twin = regions["model (verification twin)"]
     assert twin["graphs"] == len(twins) and twin["recompiles"] >= 1, regions  # its own graph, below the break
     assert len(losses) == trainer.global_step == 36
+    torch._dynamo.reset()
+
+
+def test_the_modules_of_one_region_share_one_twin_and_leave_nothing_behind(monkeypatch):
+    """``blocks.*`` with dropout: the region's own graph compiles once for all blocks, and so does the twin
+    that verifies them (one compile, not one a block); the twin's compiled code goes with it."""
+    from compile_callback.regions import CompileOptions
+    from compile_callback.verify import verify_module
+
+    graphs = _record_inductor_graphs(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3)) for _ in range(3)]
+    options = CompileOptions()
+    scope = torch_internals.TwinScope()
+    for block in blocks:
+        block.compile(**options.as_kwargs())
+        result = verify_module(block, (torch.randn(4, 8),), {}, options=options, twin_scope=scope)
+        assert result.passed and result.max_rel_error < 1e-5, result
+    assert [g["fallback_random"] for g in graphs] == [True], graphs  # one twin compile, no training graph yet
+    assert [b[1].p for b in blocks] == [0.3] * 3
+    assert not any(name.startswith("__compiled_fn") for name in vars(torch_internals))  # kept in the twin's own globals
     torch._dynamo.reset()
