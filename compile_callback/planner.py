@@ -39,8 +39,7 @@ from compile_callback.regions import (
 from compile_callback.report import Decision, cache_state
 from compile_callback.timing import disturbed, lower_quartile, median_noise, paired_speedup
 from compile_callback.verify import (
-    VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory, twin_options,
-    verify_module,
+    VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory, verify_module,
 )
 from compile_callback.watch import twin_of
 
@@ -954,8 +953,6 @@ class AutoPlanner(_CompilesRegions):
                     continue
                 args, kwargs = held
                 if self.verify:
-                    if twin_options(module, region.compiled_with) is not None:
-                        self.watch.after_twin(module)
                     result = verify_module(module, args, kwargs, context=self.context, tolerance=self.tolerance,
                                            options=region.compiled_with, twin_scope=twin)
                 else:

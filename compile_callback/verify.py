@@ -366,14 +366,11 @@ def verify_module(
 
     @contextlib.contextmanager
     def eager_reference() -> Iterator[None]:
-        with torch_internals.eager_for_now(module):
-            if scope is None:
-                yield
-                return
-            # Dropout is off: compiled regions inside this one (a plan kept before) run eagerly too, or
-            # they would compile again for p=0 and count it as their own churn.
-            with torch.compiler.set_stance("force_eager"):
-                yield
+        # With dropout off, compiled regions inside this one (a plan kept before) run eagerly too, or they
+        # would compile again for p=0 and count it as their own churn.
+        inner = torch.compiler.set_stance("force_eager") if scope is not None else contextlib.nullcontext()
+        with torch_internals.eager_for_now(module), inner:
+            yield
 
     quiet = dropout_off(module) if twin is not None else contextlib.nullcontext()
     with torch.random.fork_rng(devices=cuda_devices(module)), context(), quiet:

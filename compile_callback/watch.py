@@ -245,10 +245,6 @@ class CompileWatch:
         for module in region.modules:
             self.region_by_module_id[id(module)] = region.name
 
-    def after_twin(self, module: Any) -> None:
-        """``module``'s region is verified on a twin now: its recompiles in this step are the twin's doing."""
-        self._after_twin[self.region_by_module_id.get(id(module), UNATTRIBUTED)] = self.step
-
     def set_phase(self, *, stage: str, epoch: int, step: int) -> None:
         self.stage, self.epoch, self.step = stage, epoch, step
 
@@ -294,6 +290,8 @@ class CompileWatch:
             self.compiles_seen += 1
             region = self._attribute_from_stack()
             if torch_internals.twin_running():
+                # The region's own recompiles in this step are the twin's doing (see twin_of).
+                self._after_twin[region or UNATTRIBUTED] = self.step
                 region = twin_of(region or UNATTRIBUTED)
             self._region_of_compile[event.compile_id] = region
             # A twin compiles frames below a graph break first; they belong to the region that trains on them.
