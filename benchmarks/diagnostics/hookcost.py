@@ -63,13 +63,17 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.variants.split(","):
         timings.clear()
         record = runner.run_variant(prepared.workload, VARIANTS[name], prepared.settings, prepared.state)
-        steps = (record.get("step_ms_all") or [])[-args.last:]
+        every = record.get("step_ms_all") or []
+        steps = every[-args.last:]
         hooks = {hook: {"median_us": statistics.median(samples[-args.last:]),
                         "per_step_us": sum(samples[-args.last:]) / max(1, len(steps))}
                  for hook, samples in timings.items() if samples}
         print(json.dumps({
             "variant": name, "status": record.get("status"), "median_ms": statistics.median(steps) if steps else None,
-            "steps": len(steps), "hooks": hooks, "hooks_per_step_us": sum(h["per_step_us"] for h in hooks.values()),
+            "steps": len(steps), "hooks": hooks,
+            # 100-step medians over the whole run: whether a gap is steady or the host's wander.
+            "window_medians_ms": [round(statistics.median(every[i:i + 100]), 3)
+                                  for i in range(0, len(every) - 99, 100)], "hooks_per_step_us": sum(h["per_step_us"] for h in hooks.values()),
             "wrapped": wrapped,
         }), flush=True)
 
