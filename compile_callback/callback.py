@@ -260,10 +260,10 @@ class CompileCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         assert self.run is not None
-        self.run.after_batch(batch, step=trainer.global_step)
+        step, every = trainer.global_step, self.run.env.log_every
+        self.run.after_batch(batch, step=step)
         # Every `every` optimizer steps, as Lightning's log_every_n_steps counts them (with gradient
         # accumulation several batches share a step: logged once).
-        step, every = trainer.global_step, self.run.env.log_every
         if step > 0 and step % every == 0 and step != self._last_logged_step:
             self._last_logged_step = step
             telemetry.log_scalars(trainer.loggers, self.run.metrics(), step=step)

@@ -10,7 +10,8 @@ What we read, and why it is the right source:
   triggered the compile, which is how we attribute a compile to the region that was running.
 - ``torch._dynamo.utils.get_compilation_metrics()``: dynamo's own per-compile record (recompile
   reason = the guard that failed, failure type = e.g. the recompile limit, compile time split, cache
-  hits). It is a bounded deque (64 by default), so we drain it after every step that compiled.
+  hits). It is a bounded deque (64 by default), so we drain it after every step that compiled; its
+  newest entry is read every step from the deque (``_compilation_metrics``) without a copy.
 - ``torch._dynamo.utils.graph_break_reasons``: dynamo's own list of graph breaks with the user stack;
   ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: dynamo's own graph count.
 - The reason text dynamo's DDPOptimizer gives the pieces it splits a graph into under DDP
@@ -232,8 +233,13 @@ def compile_records() -> list[CompileRecord]:
 
 
 def compile_record_count_marker() -> object | None:
-    """Identity of the newest record, to find the new ones without relying on the deque's length."""
-    records = torch._dynamo.utils.get_compilation_metrics()
+    """Identity of the newest record, to find the new ones without relying on the deque's length.
+
+    Read every step, so from dynamo's deque itself (``_compilation_metrics``, rebound when its size is
+    set: looked up each time) rather than ``get_compilation_metrics()``, which copies it into a list."""
+    records = getattr(torch._dynamo.utils, "_compilation_metrics", None)
+    if records is None:
+        records = torch._dynamo.utils.get_compilation_metrics()
     return records[-1] if records else None
 
 

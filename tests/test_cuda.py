@@ -27,6 +27,30 @@ def test_step_timer_reads_events_lazily():
     assert len(samples) == 5 and all(s > 0 for s in samples)
 
 
+def test_step_timer_reuses_its_events_once_read(monkeypatch):
+    """A new ``torch.cuda.Event`` per step cost the H200's host ~10 us: events are reused once read."""
+    created = []
+
+    class CountedEvent(torch.cuda.Event):
+        def __new__(cls, *args, **kwargs):
+            event = super().__new__(cls, *args, **kwargs)
+            created.append(event)
+            return event
+
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    timer = StepTimer(torch.device("cuda"))
+    x = torch.randn(256, 256, device="cuda")
+    for step in range(100):
+        timer.start()
+        x = torch.tanh(x @ x)
+        timer.stop("work" if step % 7 else None)  # every 7th step discarded: its start event comes back too
+        if step % 10 == 9:
+            timer.samples_ms("work", wait=True)
+    samples = timer.samples_ms("work", wait=True)
+    assert len(samples) == 100 - len(range(0, 100, 7)) and all(s > 0 for s in samples)
+    assert len(created) <= 2 * 10 + 2, len(created)  # one read's worth of steps, not one pair a step
+
+
 class Residual(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -206,3 +230,28 @@ def test_the_per_step_allocated_read_equals_torchs():
     assert allocated_bytes(device) == torch.cuda.memory_allocated(device) > 0
     del held
     assert allocated_bytes(device) == torch.cuda.memory_allocated(device)
+
+
+def test_the_plan_reads_memory_on_a_sample_of_its_steps(tmp_path, monkeypatch):
+    """Every eager baseline step reads the allocator; the frozen plan its first 32 steps and every 16th
+    after (the read cost the H200's host ~60 us a step)."""
+    from compile_callback import run as run_module
+    from compile_callback.planner import COMPILED, EAGER
+
+    reads = []
+    original = run_module.allocated_bytes
+
+    def counted(device):
+        reads.append(callback.run._label)
+        return original(device)
+
+    monkeypatch.setattr(run_module, "allocated_bytes", counted)
+    callback = CompileCallback(["layers.*"], mode="default", eager_baseline_steps=4, warmup_steps=1, trial_steps=4)
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=-1, max_steps=200)
+    trainer.fit(ManySmallOps(), loader(batch_size=8))
+    plan_steps = callback.run._plan_steps
+    assert plan_steps > 100
+    assert reads.count(EAGER) == 2 * 4  # at the batch's start and at its forward/backward boundary
+    expected = min(plan_steps, 32) + sum(1 for n in range(33, plan_steps + 1) if n % 16 == 0)
+    assert reads.count(COMPILED) == expected, (reads.count(COMPILED), plan_steps)
+    assert callback.last_report["summary"]["memory_eager_peak_gb"] > 0

@@ -6,6 +6,9 @@ step); profiler traces of the two show the same step. This runs the given varian
 the order given, and for every callback variant times each of the callback's Lightning hooks on the
 host (``perf_counter`` around the call), so the hooks' share of the gap is a figure, not a guess. One
 JSON line per variant: its median step, and per hook the median and the total over the measured steps.
+With ``--profile N``, the hooks of the last callback variant run under ``cProfile`` over its last
+``--last`` steps (its timings then carry the profiler's overhead) and its line lists the N functions
+with the most own time inside them, per step: where the hooks' time goes on that host.
 
     python -m benchmarks.diagnostics.hookcost resnet18_cifar whole_ro,callback,whole_ro,callback --total-steps 1500
 """
@@ -13,7 +16,9 @@ JSON line per variant: its median step, and per hook the median and the total ov
 from __future__ import annotations
 
 import argparse
+import cProfile
 import functools
+import pstats
 import json
 import statistics
 import sys
@@ -28,17 +33,34 @@ from compile_callback import CompileCallback
 HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_train_batch_end",
          "on_before_optimizer_step", "on_before_zero_grad")
 timings: dict[str, list[float]] = defaultdict(list)
+profiling: dict[str, object] = {"profile": None, "from_step": None}  # the cProfile run over a variant's last steps
 
 
 def _timed(name: str, hook):  # noqa: ANN001, ANN202
     @functools.wraps(hook)
     def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        profile = profiling["profile"]
+        if profile is not None and len(timings["on_train_batch_start"]) < profiling["from_step"]:
+            profile = None
         started = time.perf_counter()
+        if profile is not None:
+            profile.enable()
         try:
             return hook(self, *args, **kwargs)
         finally:
+            if profile is not None:
+                profile.disable()
             timings[name].append((time.perf_counter() - started) * 1e6)
     return wrapper
+
+
+def top_functions(profile: cProfile.Profile, steps: int, count: int) -> list[list]:
+    """The ``count`` functions with the most own time: [name, calls per step, own us per step, cumulative us per step]."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:count]
+    return [[f"{path.rsplit('/', 2)[-1] if '/' in path else path}:{line}({func})", round(calls / steps, 2),
+             round(own * 1e6 / steps, 2), round(cumulative * 1e6 / steps, 2)]
+            for (path, line, func), (_, calls, own, cumulative, _) in rows]
 
 
 def install() -> list[str]:
@@ -57,11 +79,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("variants", help="comma-separated variant names, run in this order")
     parser.add_argument("--total-steps", type=int, default=1500)
     parser.add_argument("--last", type=int, default=1000, help="steps of each variant's end that are summarized")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile the last callback variant's hooks over its last steps; list the top N functions")
     args = parser.parse_args(argv)
+    names = args.variants.split(",")
+    profiled = max((i for i, name in enumerate(names) if VARIANTS[name].callback is not None), default=None)
     prepared = prepare(args.workload, "/tmp/hookcost", "--total-steps", str(args.total_steps))
     wrapped = install()
-    for name in args.variants.split(","):
+    for index, name in enumerate(names):
         timings.clear()
+        profile = cProfile.Profile() if args.profile and index == profiled else None
+        profiling.update(profile=profile, from_step=max(0, args.total_steps - args.last))
         record = runner.run_variant(prepared.workload, VARIANTS[name], prepared.settings, prepared.state)
         every = record.get("step_ms_all") or []
         steps = every[-args.last:]
@@ -75,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             "window_medians_ms": [round(statistics.median(every[i:i + 100]), 3)
                                   for i in range(0, len(every) - 99, 100)], "hooks_per_step_us": sum(h["per_step_us"] for h in hooks.values()),
             "wrapped": wrapped,
+            **({"profile_top": top_functions(profile, max(1, len(steps)), args.profile)} if profile is not None else {}),
         }), flush=True)
 
 
