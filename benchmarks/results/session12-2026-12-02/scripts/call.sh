@@ -1,5 +1,6 @@
 #!/bin/bash
 # Session 12 GPU calls (session 11's script) (session 10's script; @tests keeps pytest's whole output in tests.txt and takes test ids): benchmark runs with the host clock beside them, the CUDA tests and diagnostics.
+# Session 12: `timeout -k 10` (a Trainer catches SIGTERM: call 2 hung past its test limit for 500 s), and pytest dumps every thread's stack 20 s before a test limit (faulthandler_timeout).
 # Usage: call.sh "<limit>:<workload> <args...>" | "<limit>:@tests" | "<limit>:@after <aftereffect args...>" | "<limit>:@peak <peakstack args...>" ...
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -9,15 +10,15 @@ for spec in "$@"; do
   limit=${spec%%:*}; rest=${spec#*:}; workload=${rest%% *}; args=${rest#* }; [ "$args" = "$rest" ] && args=
   echo "== $workload ($limit s): $args" >> $L; t0=$(date +%s)
   case $workload in
-    @tests) timeout $limit python3 -m pytest -p no:logging -p no:cacheprovider --tb=short -q -m cuda \
+    @tests) timeout -k 10 $limit python3 -m pytest -p no:logging -p no:cacheprovider --tb=short -q -m cuda -o faulthandler_timeout=$((limit - 20)) \
               ${args:-tests/test_cuda.py tests/test_host_syncs.py} > $OUT/tests.txt 2>&1; tail -5 $OUT/tests.txt >> $L ;;
-    @peak) timeout $limit python3 -m benchmarks.diagnostics.peakstack $args >> $OUT/peak.jsonl 2>/tmp/err/peak.txt
+    @peak) timeout -k 10 $limit python3 -m benchmarks.diagnostics.peakstack $args >> $OUT/peak.jsonl 2>/tmp/err/peak.txt
            tail -c 3000 /tmp/err/peak.txt > $OUT/peak-stderr-tail.txt ;;
-    @hooks) timeout $limit python3 -m benchmarks.diagnostics.hookcost $args >> $OUT/hooks.jsonl 2>/tmp/err/hooks.txt
+    @hooks) timeout -k 10 $limit python3 -m benchmarks.diagnostics.hookcost $args >> $OUT/hooks.jsonl 2>/tmp/err/hooks.txt
             tail -c 3000 /tmp/err/hooks.txt > $OUT/hooks-stderr-tail.txt ;;
-    @after) eval "timeout $limit python3 -m benchmarks.diagnostics.aftereffect $args" >> $OUT/steps.jsonl 2>/tmp/err/after.txt
+    @after) eval "timeout -k 10 $limit python3 -m benchmarks.diagnostics.aftereffect $args" >> $OUT/steps.jsonl 2>/tmp/err/after.txt
             tail -c 3000 /tmp/err/after.txt > $OUT/after-stderr-tail.txt ;;
-    *) timeout $limit python3 -m benchmarks --workload $workload --out /tmp/b/$workload $args 2>&1 | tr '\r' '\n' \
+    *) timeout -k 10 $limit python3 -m benchmarks --workload $workload --out /tmp/b/$workload $args 2>&1 | tr '\r' '\n' \
          | grep -E "^\[benchmarks\]|Error|error|Traceback|OOM|memory" | grep -v "it/s" >> $L ;;
   esac
   echo "$workload rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s" | tee -a $L
