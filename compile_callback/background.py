@@ -52,6 +52,9 @@ from compile_callback import torch_internals
 from compile_callback.regions import CompileOptions, Region, backend_name, compile_region
 
 CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the trial compiles here
+# How long a killed child is waited for. One in an uninterruptible call (the GPU driver) cannot exit until
+# it returns: the fit goes on without it, and the kill takes effect when the call returns.
+KILL_WAIT_S = 10.0
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
 _RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
 
@@ -140,7 +143,8 @@ class BackgroundCompile:
         """Ends the child if it still runs (a time limit, a fit that ends) and removes its payload."""
         if self.process.poll() is None:
             self.process.kill()
-            self.process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=KILL_WAIT_S)
         if os.path.exists(self.payload):
             os.remove(self.payload)
 

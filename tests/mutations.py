@@ -39,6 +39,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="background-unbounded-kill-wait",
+        path="compile_callback/background.py",
+        old="                self.process.wait(timeout=KILL_WAIT_S)\n",
+        new="                self.process.wait()\n",
+        tests=("tests/test_background.py::test_a_child_that_cannot_exit_does_not_hold_the_fit",),
+    ),
+    Mutation(
         name="verify-dropout-left-off",
         path="compile_callback/verify.py",
         old="            layer.p = p\n",

@@ -81,3 +81,35 @@ def test_where_background_compiles_are_on():
     assert "'eager'" in policy(None, device=cuda, world_size=1, options=CompileOptions(backend="eager"))
     with pytest.raises(ValueError, match="`background_compile` must be True, False or None"):
         CompileCallback(background_compile="yes")
+
+
+def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
+    """A child killed inside an uninterruptible call (the GPU driver) exits only when the call returns: the
+    fit's end waits KILL_WAIT_S for it, then goes on (an unbounded wait would hang the fit with it)."""
+    import subprocess
+    import sys
+    import time
+
+    from compile_callback import background
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    real_wait = process.wait
+    waited = []
+
+    def stuck_wait(timeout=None):  # as a process that SIGKILL cannot end yet
+        waited.append(timeout)
+        if timeout is None:
+            raise AssertionError("an unbounded wait for a killed child")
+        time.sleep(timeout)
+        raise subprocess.TimeoutExpired(process.args, timeout)
+
+    monkeypatch.setattr(background, "KILL_WAIT_S", 0.2)
+    monkeypatch.setattr(process, "wait", stuck_wait)
+    payload, log = tmp_path / "payload.pkl", tmp_path / "child.log"
+    payload.write_bytes(b""), log.write_text("")
+    child = background.BackgroundCompile(process, str(payload), str(log), time.monotonic())
+    started = time.monotonic()
+    child.discard()
+    assert waited == [0.2] and time.monotonic() - started < 5
+    assert not payload.exists() and not log.exists()  # its files are gone all the same
+    assert real_wait(timeout=30) is not None  # the kill was sent: the process ends
