@@ -431,8 +431,8 @@ class CompileRun:
     def _memory_read_due(self) -> bool:
         """Whether this step reads the allocator at its forward/backward boundary: every eager baseline
         step, and the plan's first :data:`MEMORY_READS_FIRST` steps and every :data:`MEMORY_READ_EVERY`-th
-        after (steady steps hold alike; the read cost the H200's host ~60 us a step, 1.5% of ResNet-18
-        CIFAR's 4 ms)."""
+        after, counted again from any step that compiled (steady steps of one graph hold alike; the read
+        cost the H200's host ~60 us a step, 1.5% of ResNet-18 CIFAR's 4 ms)."""
         if self._label == EAGER:
             return True
         if self._label != COMPILED:
@@ -455,6 +455,7 @@ class CompileRun:
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)
             self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3
+            self._plan_steps = 0  # a new graph (a new shape's, a recompiled region's): its steps are read afresh
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
         self.batch_index += 1

@@ -39,6 +39,20 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="timer-read-events-not-reused",
+        path="compile_callback/timing.py",
+        old="            self._free_events += (start, end)\n",
+        new="",
+        tests=("tests/test_timing.py::test_step_timer_reuses_read_events_and_never_one_still_pending",),
+    ),
+    Mutation(
+        name="timer-discarded-start-pooled-twice",
+        path="compile_callback/timing.py",
+        old="            if self.use_events:\n                self._free_events.append(started)  # recorded, never read: a later record() replaces it\n",
+        new="            if self.use_events:\n                self._free_events.append(started)\n                self._free_events.append(started)\n",
+        tests=("tests/test_timing.py::test_step_timer_reuses_read_events_and_never_one_still_pending",),
+    ),
+    Mutation(
         name="background-unbounded-kill-wait",
         path="compile_callback/background.py",
         old="                self.process.wait(timeout=KILL_WAIT_S)\n",

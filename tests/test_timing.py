@@ -90,3 +90,58 @@ def test_disturbed_sees_an_episode_that_slowed_part_of_a_window_and_not_a_quiet_
     assert disturbed(episode, tolerance=0.02)
     assert not disturbed(quiet[:4] + [40.0], tolerance=0.02)  # too few steps to tell: not judged
     assert not disturbed(quiet + [60.0], tolerance=0.02)  # one slow step moves the median little
+
+
+class _FakeEvent:
+    """A CUDA event as StepTimer uses one, on CPU: ``record`` stamps the next tick of a shared clock."""
+
+    clock = 0
+    made = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        type(self).made += 1
+        self.stamp: int | None = None
+        self.stream = None
+
+    def record(self, stream=None) -> None:
+        type(self).clock += 1
+        self.stamp, self.stream = type(self).clock, stream
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        assert self.stamp is not None and end.stamp is not None and end.stamp > self.stamp, "a re-recorded pair"
+        assert self.stream is end.stream, "the pair on different streams"
+        return float(end.stamp - self.stamp)
+
+
+def test_step_timer_reuses_read_events_and_never_one_still_pending(monkeypatch):
+    """StepTimer's event pool on CPU (a fake event; the CUDA test runs on the GPU): each sample is the
+    span of its own step however events are reused, discarded and settling steps give their start back,
+    and a pool of one read's worth of events serves the whole run."""
+    stream = object()
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    timer = StepTimer(torch.device("cuda"))
+    assert timer.use_events
+    timer.settle("work", 2)
+    expected = []
+    for step in range(300):
+        timer.start()
+        _FakeEvent.clock += step % 5  # the step's own length in ticks, beyond its end's record
+        label = None if step % 7 == 0 else "work"
+        timer.stop(label, key=step % 3)
+        if label is not None and sum(1 for s in range(step + 1) if s % 7 and s % 3 == step % 3) > 2:
+            expected.append(step % 5 + 1)
+        if step % 10 == 9:
+            timer.samples_ms("work")
+        pending = [id(e) for item in timer._pending for e in item[2:]]
+        assert len(set(pending)) == len(pending) and not set(pending) & {id(e) for e in timer._free_events}
+    assert timer.samples_ms("work", wait=True) == expected
+    assert _FakeEvent.made <= 2 * 10 + 2, _FakeEvent.made

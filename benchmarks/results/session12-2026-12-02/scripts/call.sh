@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 12 GPU calls (session 11's script) (session 10's script; @tests keeps pytest's whole output in tests.txt and takes test ids): benchmark runs with the host clock beside them, the CUDA tests and diagnostics.
-# Session 12: `timeout -k 10` (a Trainer catches SIGTERM: call 2 hung past its test limit for 500 s), and pytest dumps every thread's stack 20 s before a test limit (faulthandler_timeout).
+# Session 12: `timeout -k 10` (a Trainer catches SIGTERM: call 2 ran 500 s past its test limit), and pytest dumps every thread's stack when one test passes 60 s (faulthandler_timeout, per test) and lists every test's duration.
 # Usage: call.sh "<limit>:<workload> <args...>" | "<limit>:@tests" | "<limit>:@after <aftereffect args...>" | "<limit>:@peak <peakstack args...>" ...
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -10,7 +10,7 @@ for spec in "$@"; do
   limit=${spec%%:*}; rest=${spec#*:}; workload=${rest%% *}; args=${rest#* }; [ "$args" = "$rest" ] && args=
   echo "== $workload ($limit s): $args" >> $L; t0=$(date +%s)
   case $workload in
-    @tests) timeout -k 10 $limit python3 -m pytest -p no:logging -p no:cacheprovider --tb=short -q -m cuda -o faulthandler_timeout=$((limit - 20)) \
+    @tests) timeout -k 10 $limit python3 -m pytest -p no:logging -p no:cacheprovider --tb=short -q -m cuda -o faulthandler_timeout=60 --durations=0 \
               ${args:-tests/test_cuda.py tests/test_host_syncs.py} > $OUT/tests.txt 2>&1; tail -5 $OUT/tests.txt >> $L ;;
     @peak) timeout -k 10 $limit python3 -m benchmarks.diagnostics.peakstack $args >> $OUT/peak.jsonl 2>/tmp/err/peak.txt
            tail -c 3000 /tmp/err/peak.txt > $OUT/peak-stderr-tail.txt ;;
