@@ -97,7 +97,8 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 # How the headline speedup was priced, where it is not simply eager over step (a plan priced by its trials
 # can read above the two medians beside it: they come from different stretches of the run).
 _PRICED = {"shape by shape": " (shapes priced one by one)", "trials": " (the product of its trials, each beside the plan before it)",
-           "re-measured": " (eager re-measured beside the plan late in the run)"}
+           "re-measured": " (eager re-measured beside the plan late in the run)",
+           "nothing compiled": " (nothing compiled: the step and eager times beside it are both eager, from different stretches of the run)"}
 
 
 # The two renderings are long on purpose: each is the report's layout, top to bottom.

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from compile_callback import CompileCallback, torch_internals
+from compile_callback.report import render_table
 from tests.conftest import TinyModel, loader, make_trainer
 
 
@@ -312,6 +313,9 @@ def test_shapes_that_never_recur_are_compared_by_medians(tmp_path):
     # Nothing was kept: the steps run the eager code, and the speedup says so.
     assert callback.last_report["summary"]["speedup_priced"] == "nothing compiled"
     assert callback.last_report["summary"]["speedup"] == 1.0
+    # The table says why a step median may sit below eager's beside a 1.000x speedup (make run on CPU did).
+    assert "speedup 1x (nothing compiled: the step and eager times beside it are both eager" in \
+        render_table(callback.last_report)
 
 
 def test_steady_speedup_prices_each_shape_by_its_own_eager_time(tmp_path):
