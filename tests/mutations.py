@@ -39,6 +39,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="background-child-not-niced",
+        path="compile_callback/background.py",
+        old="        niceness = os.nice(CHILD_NICENESS)\n",
+        new="        niceness = os.nice(0)\n",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
         name="timer-read-events-not-reused",
         path="compile_callback/timing.py",
         old="            self._free_events += (start, end)\n",

@@ -3,11 +3,13 @@ and every way that can fail leaves the trial compiling in-process, the run intac
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch._dynamo
 
-from compile_callback import CompileCallback
+from compile_callback import CompileCallback, background
 from compile_callback.background import policy
 from compile_callback.regions import CompileOptions
 from compile_callback.report import render_markdown
@@ -32,6 +34,8 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     model = FasterCompiled()
     callback, decision = _fit(tmp_path, model)
     assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
+    # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it.
+    assert decision["background"].endswith(f" in all, at niceness {min(19, os.nice(0) + background.CHILD_NICENESS)})"), decision
     assert decision["kept"] and decision["verified"] is True
     # While the child compiled (a fresh interpreter: seconds), training went on eagerly: each such
     # batch ran the model's Python forward (100 ms of sleep each), far more than the trial's own.
@@ -89,8 +93,6 @@ def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
     import subprocess
     import sys
     import time
-
-    from compile_callback import background
 
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     real_wait = process.wait
