@@ -53,11 +53,10 @@ from compile_callback.regions import CompileOptions, Region, backend_name, compi
 
 CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the trial compiles here
 # The child's CPU priority below the run's (os.nice): its compile (Inductor's workers inherit it) takes the
-# cores training leaves idle and yields the rest. On a 2-core CPU with the cores oversubscribed (a test suite
-# beside it), eager steps
-# beside a plain child ran 63-106% slower, beside a niced one -15 to +16% (its compile 1.7-4x longer); with
-# a core to spare neither slowed them (the niced compile 13% longer). On the H200 (16 cores, a child's
-# 16 compile workers) eager steps ran 11% slower beside a plain child; a niced one is not measured there yet.
+# cores training leaves idle and yields the rest. On a 2-core CPU oversubscribed (a test suite beside it),
+# eager steps beside a plain child ran 63-106% slower, beside a niced one -15 to +16% (its compile 1.7-4x
+# longer); with a core to spare neither slowed them (the niced compile 13% longer). On the H200 (16 cores,
+# a child's 16 compile workers) eager steps ran 11% slower beside a plain child; niced: not measured yet.
 CHILD_NICENESS = 10
 # How long a killed child is waited for. One in an uninterruptible call (the GPU driver) cannot exit until
 # it returns: the fit goes on without it, and the kill takes effect when the call returns.
