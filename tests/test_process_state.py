@@ -1,7 +1,7 @@
 """The process after a CompileCallback fit is the process before it.
 
 A snapshot of every process-wide thing the callback, dynamo or the profiler could change (dynamo,
-Inductor and functorch config, environment, global module hooks, dynamo's compile-event callbacks
+Inductor and functorch config, dynamo's frame-evaluation callback and stance, environment, global module hooks, dynamo's compile-event callbacks
 (where the callback's watch listens), torch function and dispatch modes,
 profilers, Python's profile/trace functions, autograd and backend flags, saved-tensor hooks, torch's
 loggers, threads) is taken before a fit and after it, and must be equal: with regions kept, with a
@@ -53,6 +53,7 @@ def _configs() -> dict[str, object]:
 
 
 def snapshot() -> dict[str, object]:
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback
     from torch._dynamo.callback import callback_handler
     from torch.overrides import _get_current_function_mode_stack
 
@@ -71,6 +72,9 @@ def snapshot() -> dict[str, object]:
             "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
             "_global_backward_pre_hooks", "_global_forward_hooks_always_called")],
         "dynamo_compile_callbacks": [len(callback_handler.start_callbacks), len(callback_handler.end_callbacks)],
+        # The frame-evaluation callback dynamo installs while a compiled call runs, and the stance
+        # (set_stance) the callback uses around eager steps: both must be off again after fit.
+        "dynamo_eval_frame": (get_eval_frame_callback(), repr(torch._dynamo.eval_frame._stance)),
         "function_modes": [type(mode).__name__ for mode in _get_current_function_mode_stack()],
         "dispatch_modes": torch._C._len_torch_dispatch_stack(),
         "profiler": (bool(torch.autograd.profiler._is_profiler_enabled), torch._C._autograd._profiler_enabled()),
