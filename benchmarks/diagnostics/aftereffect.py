@@ -19,8 +19,10 @@ prints one JSON line per step with its wall-clock span, so a host clock running 
 - ``@empty``: ``torch.cuda.empty_cache()``.
 
 Every line also has ``gc_objects`` (the objects the garbage collector tracks after the step), the
-process's ``threads``, and ``children`` with their CPU seconds so far (whether anything left running
-beside the training loop keeps working).
+process's ``threads``, ``children`` with their CPU seconds so far (whether anything left running
+beside the training loop keeps working) and, on CUDA, the caching ``allocator``'s state (GB reserved and
+allocated, free device memory, cumulative cudaMalloc/cudaFree calls and allocation retries) and the
+process-wide backend ``flags`` (SDPA backends, TF32, cuDNN, threads).
 
     python -m benchmarks.diagnostics.hostclock run --out clock.jsonl &
     python -m benchmarks.diagnostics.aftereffect resnet18_cifar eager,whole_ro,eager,callback,eager > steps.jsonl
@@ -94,6 +96,41 @@ def _children() -> dict[str, float]:
     return {"count": len(pids), "cpu_s": ticks / os.sysconf("SC_CLK_TCK")}
 
 
+def _allocator(device: torch.device) -> dict[str, float] | None:
+    """The CUDA caching allocator's state so far: what it holds and has handed out (GB), and its cumulative
+    cudaMalloc / cudaFree calls and retries (a retry frees cached blocks and synchronizes the device:
+    an allocator squeezed by memory something else still holds slows host-bound steps this way)."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "reserved_gb": stats.get("reserved_bytes.all.current", 0) / 1e9,
+        "allocated_gb": stats.get("allocated_bytes.all.current", 0) / 1e9,
+        "device_free_gb": free / 1e9,
+        "retries": stats.get("num_alloc_retries", 0),
+        "cuda_mallocs": stats.get("num_device_alloc", 0),
+        "cuda_frees": stats.get("num_device_free", 0),
+        "segments": stats.get("segment.all.current", 0),
+    }
+
+
+def _flags() -> dict[str, object]:
+    """Process-wide backend flags a compile could leave changed (SDPA backends, TF32, cuDNN, matmul
+    precision, threads); eager steps after a fit run with whatever these are."""
+    cuda = torch.backends.cuda
+    return {
+        "sdpa": [cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+                 cuda.cudnn_sdp_enabled()],
+        "tf32": [cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                 cuda.matmul.allow_bf16_reduced_precision_reduction, cuda.matmul.allow_fp16_reduced_precision_reduction],
+        "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic],
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "threads": [torch.get_num_threads(), torch.get_num_interop_threads()],
+        "grad": torch.is_grad_enabled(),
+    }
+
+
 def _shutdown_workers(device: torch.device) -> None:
     from torch._inductor.async_compile import shutdown_compile_workers
 
@@ -164,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
                 sum(window[-record.get("steps_measured", 0):]) / 1e3 if window else 0)
         line.update(started_at=started, ended_at=time.time(), gc_objects=len(gc.get_objects()),
                     threads=len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None,
-                    children=_children())
+                    children=_children(), allocator=_allocator(device), flags=_flags())
         print(json.dumps(line), flush=True)
 
 
