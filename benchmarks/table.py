@@ -404,7 +404,8 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
         # steadiness. These compare the callback with eager.
         unsteady = None
         if between_variants and passed is not None:
-            unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]))
+            unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]),
+                                     ran_earlier=ran_before(order, "callback", ["eager"]))
         verdicts.append(Verdict(workload, target, measured, invalid or not_steady or unsteady or _verdict(passed)))
 
     speedup = callback.get("speedup_vs_eager") if callback else None
@@ -463,7 +464,8 @@ def _check_verdicts(
     best = anchor.get("best")
     missing = f" ({' / '.join(anchor['missing'])} not run)" if anchor.get("missing") else ""
     measured = f"{_number(anchor.get('ratio'), '.3f', '×')} of {best}{missing}" if best else "–"
-    unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
+    unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best]),
+                                 ran_earlier=ran_before(order, "callback", [best])) if best else None
     if not set(anchor.get("anchors") or ()) - {"eager"}:
         passed = None  # beating eager alone says nothing of the compiles it must beat: a run that has them answers
     verdicts.append(Verdict(
@@ -475,7 +477,8 @@ def _check_verdicts(
         passed = ceiling.get("passed")
         best = ceiling.get("best")
         measured = f"{_number(ceiling.get('step_ratio'), '.3f', '×')} of {best}'s step" if best else "– (not run)"
-        unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best])) if best else None
+        unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best]),
+                                 ran_earlier=ran_before(order, "callback", [best])) if best else None
         verdicts.append(Verdict(
             workload, f"callback step ≤ {checks.CEILING_LIMIT}× the plain-loop ceiling ({' / '.join(checks.CEILINGS)})",
             measured, speed_invalid or unsteady or _verdict(passed)))
@@ -519,19 +522,30 @@ def ran_after(order: Sequence[str], name: str, others: Sequence[str]) -> bool:
     return name in order and all(other in order and order.index(other) < order.index(name) for other in others)
 
 
-def drift_verdict(drift: float | None, *, passed: bool | None = None, ran_later: bool = False) -> str | None:
+def ran_before(order: Sequence[str], name: str, others: Sequence[str]) -> bool:
+    """Whether ``name`` ran before every one of ``others`` in the run (``order``: the variants as they ran)."""
+    return name in order and all(other in order and order.index(other) > order.index(name) for other in others)
+
+
+def drift_verdict(
+    drift: float | None, *, passed: bool | None = None, ran_later: bool = False, ran_earlier: bool = False,
+) -> str | None:
     """The verdict of a comparison between variants when eager's speed drifted beyond
     :data:`DRIFT_WARNING` during the run (``eager`` against ``eager_end``), else None.
 
     Inconclusive, except where the drift worked against the winner: the variant that passed ran after
-    every variant it was compared with (``ran_later``), and eager ran slower at the run's end than at
-    its start. The drift is measured at those two points only, so this assumes the slowdown grew
-    during the run rather than came and went (a slowing host does; so does an earlier variant's
-    after-effect on the variants that follow it, BENCHMARKS.md); the verdict says so."""
+    every variant it was compared with (``ran_later``) and eager ran slower at the run's end than at
+    its start, or it ran before every one of them (``ran_earlier``) and eager ran faster at the end.
+    The drift is measured at those two points only, so this assumes it grew during the run rather
+    than came and went (a slowing or settling host does; so does an earlier variant's after-effect on
+    the variants that follow it, BENCHMARKS.md); the verdict says so."""
     if drift is None or abs(drift - 1) <= DRIFT_WARNING:
         return None
     if passed and ran_later and drift < 1:
         return f"{MET} if the slowdown only grew (it ran after what it beat; eager {1 - drift:.1%} slower by the run's end)"
+    if passed and ran_earlier and drift > 1:
+        return (f"{MET} if the speed-up only grew (it ran before what it matched; eager {drift - 1:.1%} faster "
+                "by the run's end)")
     return f"inconclusive (host drift {drift - 1:+.1%})"
 
 
@@ -617,7 +631,8 @@ def _varlen_verdicts(
         if not other_run:
             # After every baseline of its own run: one that ran later was slowed too and may only look beaten.
             own = [key for key, (_, _, elsewhere) in baselines.items() if not elsewhere]
-            verdict = drift_verdict(drift, passed=passed, ran_later=ran_after(order, name, own)) or verdict
+            verdict = drift_verdict(drift, passed=passed, ran_later=ran_after(order, name, own),
+                                    ran_earlier=ran_before(order, name, own)) or verdict
         elif drift_verdict(drift):
             verdict = drift_verdict(drift)
         verdicts.append(Verdict(workload, f"`{name}`: {target_rate}", measured, invalid or _not_steady(record) or verdict))

@@ -550,8 +550,9 @@ def test_comparisons_in_a_run_whose_host_drifted_are_inconclusive():
 
 
 def test_a_win_the_drift_worked_against_stands():
-    """Eager slower by the run's end, and the winner ran after the variant it beat: the drift (a slowing
-    host, or an earlier variant's after-effect) only handicapped the winner."""
+    """Eager slower by the run's end, and the winner ran after the variant it beat (or faster, and it ran
+    before): the drift (a slowing or settling host, or an earlier variant's after-effect) only
+    handicapped the winner."""
     eager, whole = {"variant": "eager", "status": "ok", "tokens_per_s": 100.0}, {"variant": "whole", "status": "ok", "tokens_per_s": 110.0}
     pad = {"variant": "callback_pad", "status": "ok", "tokens_per_s": 115.0, "recompiles_after_first_epoch": 0,
            "recompiles_per_epoch": [3, 0], "padding_waste": 0.05}
@@ -576,6 +577,20 @@ def test_a_win_the_drift_worked_against_stands():
     add_speedups(records, by_throughput=False)
     never_slower = {v.target: v for v in table.evaluate_targets(_result("resnet50", records))}["callback never slower than eager"]
     assert never_slower.verdict.startswith("met if the slowdown only grew")
+
+    # The mirror: the host sped up (eager faster by the end) and the callback ran first, on the slower host.
+    def anchor_verdict(*order):
+        records = [{"variant": name, "status": "ok", "median_ms": ms} for name, ms in order]
+        add_speedups(records, by_throughput=False)
+        verdicts = {v.target: v.verdict for v in table.evaluate_targets(_result("resnet50", records))}
+        return verdicts["callback ≥ best of eager / whole / whole_ro − 2%"]
+
+    assert anchor_verdict(("eager", 30.0), ("callback", 20.0), ("whole_ro", 20.0), ("eager_end", 25.0)) == (
+        "met if the speed-up only grew (it ran before what it matched; eager 20.0% faster by the run's end)")
+    assert anchor_verdict(("eager", 30.0), ("whole_ro", 20.0), ("callback", 20.0), ("eager_end", 25.0)) == (
+        "inconclusive (host drift +20.0%)")  # it ran on the faster host
+    assert anchor_verdict(("eager", 30.0), ("callback", 20.0), ("whole_ro", 20.0), ("eager_end", 37.5)) == (
+        "inconclusive (host drift -20.0%)")  # it ran on the faster host
 
 
 # -- third-party workloads, memory cap ---------------------------------------------------------------
