@@ -39,6 +39,7 @@ from compile_callback.verify import optimizer_state_tensors
 from compile_callback.watch import CompileWatch
 
 MEMORY_READS_FIRST, MEMORY_READ_EVERY = 32, 16  # the plan's steps whose memory is read: its first ones, then every 16th
+PLAN_TIMED_FIRST, PLAN_TIMED_EVERY = 32, 4  # the frozen plan's steps timed (one shape): its first ones, then every 4th
 SAVED_EAGER = "eager (checkpoint)"  # timer label: eager medians by shape from a checkpoint or a cached plan
 # Per-rank counts (the watch's totals, this fit's) gathered at the end of a multi-process fit.
 RANK_COUNTS = ("graphs", "recompiles", "graph_breaks", "eager_fallbacks", "ddp_pieces")
@@ -137,7 +138,8 @@ class CompileRun:
         self._warned_host_syncs = False
         self._memory_high: dict[str, int] = {}  # label -> bytes allocated at the forward/backward boundary
         self._eager_activations: int | None = None  # bytes an eager step allocated beyond its start's
-        self._plan_steps = 0  # steps of the plan ("compiled") so far: its memory reads are sampled
+        self._plan_steps = 0  # steps of the plan ("compiled") since it last compiled: their reads are sampled
+        self._timed = False  # whether this batch's step is timed (see _step_timed)
         self._memory_at_start = 0
         self._host_start = 0.0
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
@@ -413,10 +415,14 @@ class CompileRun:
                 graph_counts=lambda: tuple(watch.totals()[key] for key in ("graphs", "graph_breaks")),
                 region_modules=self.planner.region_modules,
             )
+        if self._label == COMPILED:
+            self._plan_steps += 1
         if self._on_gpu and self._label == EAGER:
             self._memory_at_start = allocated_bytes(self._device)
         self._host_start = time.perf_counter()
-        self.timer.start()
+        self._timed = self._step_timed()
+        if self._timed:
+            self.timer.start()
 
     def before_backward(self) -> None:
         self.anatomy_ops.backward_started()
@@ -435,10 +441,19 @@ class CompileRun:
         cost the H200's host ~60 us a step, 1.5% of ResNet-18 CIFAR's 4 ms)."""
         if self._label == EAGER:
             return True
-        if self._label != COMPILED:
-            return False
-        self._plan_steps += 1
-        return self._plan_steps <= MEMORY_READS_FIRST or self._plan_steps % MEMORY_READ_EVERY == 0
+        return self._label == COMPILED and (
+            self._plan_steps <= MEMORY_READS_FIRST or self._plan_steps % MEMORY_READ_EVERY == 0)
+
+    def _step_timed(self) -> bool:
+        """Whether this step is timed: every step but the frozen plan's steady ones where batches come in
+        one shape, which are timed on their first :data:`PLAN_TIMED_FIRST` and every
+        :data:`PLAN_TIMED_EVERY`-th after, counted again from any step that compiled. Those feed only the
+        steady step time (the last 100 timed); a CUDA event pair and its read cost the H200's host ~40 us
+        a step, 1% of ResNet-18 CIFAR's 4 ms. With several shapes every step is timed: a sample every few
+        steps could fall on some shapes only."""
+        if self._label != COMPILED or self._keys_wanted():
+            return True
+        return self._plan_steps <= PLAN_TIMED_FIRST or self._plan_steps % PLAN_TIMED_EVERY == 0
 
     def after_backward(self, *, last: bool) -> None:
         self.anatomy_ops.backward_ended(last=last)
@@ -449,8 +464,9 @@ class CompileRun:
         sampled = self.anatomy_ops.end_batch(compiled=compiled_now)
         # A step that compiled is not a steady-state step: its time goes to compile time, not speed;
         # nor is a profiled one.
-        key = batch_shapes(batch) if self._keys_wanted() else None
-        self.timer.stop(None if compiled_now or sampled else self._label, key=key)
+        if self._timed:
+            key = batch_shapes(batch) if self._keys_wanted() else None
+            self.timer.stop(None if compiled_now or sampled else self._label, key=key)
         self._end_repricing_batch()
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)

@@ -394,6 +394,20 @@ MUTATIONS = [
         new="    if passed and ran_earlier:\n",
         tests=("tests/benchmarks/test_smoke.py::test_a_win_the_drift_worked_against_stands",),
     ),
+    Mutation(
+        name="the frozen plan times every steady step (an event pair each)",
+        path="compile_callback/run.py",
+        old="        return self._plan_steps <= PLAN_TIMED_FIRST or self._plan_steps % PLAN_TIMED_EVERY == 0\n",
+        new="        return True\n",
+        tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
+    ),
+    Mutation(
+        name="the frozen plan samples its step times where batches come in several shapes",
+        path="compile_callback/run.py",
+        old="        if self._label != COMPILED or self._keys_wanted():\n            return True\n",
+        new="        if self._label != COMPILED:\n            return True\n",
+        tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
+    ),
 ]
 
 

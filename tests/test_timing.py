@@ -145,3 +145,54 @@ def test_step_timer_reuses_read_events_and_never_one_still_pending(monkeypatch):
         assert len(set(pending)) == len(pending) and not set(pending) & {id(e) for e in timer._free_events}
     assert timer.samples_ms("work", wait=True) == expected
     assert _FakeEvent.made <= 2 * 10 + 2, _FakeEvent.made
+
+
+def _timed_plan_steps(tmp_path, monkeypatch, train_loader, *, max_steps: int, baseline: int = 2) -> tuple[list[bool], object]:
+    """Fits TinyModel with a fixed plan (its blocks, the eager backend) and returns, for each batch the
+    plan ran compiled (a compiling one aside), whether its step was timed, in order; and the callback."""
+    from compile_callback import CompileCallback
+    from compile_callback import run as run_module
+    from compile_callback.planner import COMPILED
+    from tests.conftest import TinyModel, make_trainer
+
+    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=baseline, warmup_steps=1)
+    timed: list[bool] = []
+    started: list[bool] = []
+    start, after_batch = StepTimer.start, run_module.CompileRun.after_batch
+
+    def counted_start(self):
+        started.append(True)
+        return start(self)
+
+    def recorded_after_batch(self, batch, *, step):
+        if self._label == COMPILED and not self.watch.compiled_since_collect:
+            timed.append(bool(started))
+        started.clear()
+        return after_batch(self, batch, step=step)
+
+    monkeypatch.setattr(StepTimer, "start", counted_start)
+    monkeypatch.setattr(run_module.CompileRun, "after_batch", recorded_after_batch)
+    make_trainer(tmp_path, [callback], max_epochs=-1, max_steps=max_steps).fit(TinyModel(), train_loader)
+    return timed, callback
+
+
+def test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several(tmp_path, monkeypatch):
+    """The plan's steady steps cost a CUDA event pair each to time: in one shape they are timed on their
+    first 32 and every 4th after (the steady step time needs no more); with several shapes, every one,
+    so that no shape goes unsampled."""
+    from compile_callback.run import PLAN_TIMED_EVERY, PLAN_TIMED_FIRST
+    from tests.conftest import VariableBatchDataset, loader
+
+    timed, callback = _timed_plan_steps(tmp_path / "one", monkeypatch, loader(batch_size=8), max_steps=140)
+    assert len(timed) > 100, len(timed)
+    expected = [n <= PLAN_TIMED_FIRST or n % PLAN_TIMED_EVERY == 0 for n in range(1, len(timed) + 1)]
+    assert timed == expected
+    assert callback.run.timer.median_ms("compiled") is not None  # the steady step time is still there
+    assert callback.last_report["summary"]["speedup"] > 0
+
+    monkeypatch.undo()
+    several = torch.utils.data.DataLoader(VariableBatchDataset([8, 6, 4], repeats=4), batch_size=None)
+    # A baseline long enough to see all three shapes (its first step is a warm-up).
+    timed, callback = _timed_plan_steps(tmp_path / "several", monkeypatch, several, max_steps=100, baseline=7)
+    assert len(callback.run.timer.keys(("eager",))) == 3
+    assert len(timed) > 60 and all(timed), [n for n, t in enumerate(timed, 1) if not t]
