@@ -4,8 +4,8 @@ to run it: ``phases`` (per-batch peak memory by planner phase, process state and
 variants, cProfile of a variant), ``revert`` (a reverted region's speed), ``ddp_check`` (DDP loss
 curves and parameter checksums per rank), ``aftereffect`` (eager windows between treatments),
 ``hostclock`` (the host's speed beside a run), ``numerics`` (every tensor's error against eager and
-fp32), ``peakstack`` (what is alive at a variant's memory peak) and ``hookcost`` (the callback's hooks
-timed on the host)."""
+fp32), ``peakstack`` (what is alive at a variant's memory peak), ``hookcost`` (the callback's hooks
+timed on the host) and ``eagerarm`` (forced-eager steps of a compiled module against plain eager)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,8 @@ for spec in "$@"; do
            tail -c 3000 /tmp/err/peak.txt > $OUT/peak-stderr-tail.txt ;;
     @hooks) timeout -k 10 $limit python3 -m benchmarks.diagnostics.hookcost $args >> $OUT/hooks.jsonl 2>/tmp/err/hooks.txt
             tail -c 3000 /tmp/err/hooks.txt > $OUT/hooks-stderr-tail.txt ;;
+    @arm) timeout -k 10 $limit python3 -m benchmarks.diagnostics.eagerarm $args >> $OUT/arm.jsonl 2>/tmp/err/arm.txt
+          tail -c 3000 /tmp/err/arm.txt > $OUT/arm-stderr-tail.txt ;;
     @after) eval "timeout -k 10 $limit python3 -m benchmarks.diagnostics.aftereffect $args" >> $OUT/steps.jsonl 2>/tmp/err/after.txt
             tail -c 3000 /tmp/err/after.txt > $OUT/after-stderr-tail.txt ;;
     *) timeout -k 10 $limit python3 -m benchmarks --workload $workload --out /tmp/b/$workload $args 2>&1 | tr '\r' '\n' \
@@ -31,4 +33,4 @@ mkdir -p $OUT/res; cp /tmp/b/*/*.json $OUT/res/ 2>/dev/null
 tar czf $OUT/md.tgz -C /tmp/b $(cd /tmp/b 2>/dev/null && ls */*.md) 2>/dev/null
 python3 -m benchmarks.diagnostics.hostclock read $OUT/clock.jsonl /tmp/b/*/*.json 2>/dev/null | tee -a $L
 grep -h "median\|telemetry\|in-fit\|re-pric\|repric\|peak" /tmp/b/*/*.md 2>/dev/null | grep -v "^|" | head -40
-tail -40 $L; for f in peak hooks steps; do [ -f $OUT/$f.jsonl ] && cut -c1-600 $OUT/$f.jsonl; done; true
+tail -40 $L; for f in peak hooks steps arm; do [ -f $OUT/$f.jsonl ] && cut -c1-600 $OUT/$f.jsonl; done; true
