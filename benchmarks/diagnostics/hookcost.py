@@ -10,6 +10,11 @@ Measured so (NOTES.md, twelfth session): 196-222 us a step as the hooks were, 96
 With ``--profile N``, the hooks of the last callback variant run under ``cProfile`` over its last
 ``--last`` steps (its timings then carry the profiler's overhead) and its line lists the N functions
 with the most own time inside them, per step: where the hooks' time goes on that host.
+With ``--step-profile N``, every variant's whole steps (from the harness's step start to its step end:
+forward, backward, optimizer, every callback's hooks) run under ``cProfile`` over its last ``--last``
+steps, and its line lists the N functions with the most own time per step and their calls per step:
+what a callback variant's step does that another variant's does not (the profiler's overhead falls on
+Python code, so compare calls and own time between variants, not with unprofiled step times).
 
     python -m benchmarks.diagnostics.hookcost resnet18_cifar whole_ro,callback,whole_ro,callback --total-steps 1500
 """
@@ -35,6 +40,29 @@ HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_
          "on_before_optimizer_step", "on_before_zero_grad")
 timings: dict[str, list[float]] = defaultdict(list)
 profiling: dict[str, object] = {"profile": None, "from_step": None}  # the cProfile run over a variant's last steps
+stepping: dict[str, object] = {"profile": None, "from_step": None, "steps": 0}  # --step-profile: the whole steps
+
+
+def install_step_profile() -> None:
+    """Profiles whole steps: enabled at the harness's step start, disabled at its step end."""
+    from benchmarks.measure import StepEnd, StepStart
+
+    start, end = StepStart.on_train_batch_start, StepEnd.on_train_batch_end
+
+    def started(self, trainer, *args, **kwargs):  # noqa: ANN001, ANN202
+        start(self, trainer, *args, **kwargs)
+        profile = stepping["profile"]
+        if profile is not None and trainer.global_step >= stepping["from_step"]:
+            stepping["steps"] += 1
+            profile.enable()
+
+    def ended(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        profile = stepping["profile"]
+        if profile is not None:
+            profile.disable()
+        return end(self, *args, **kwargs)
+
+    StepStart.on_train_batch_start, StepEnd.on_train_batch_end = started, ended
 
 
 def _timed(name: str, hook):  # noqa: ANN001, ANN202
@@ -82,13 +110,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--last", type=int, default=1000, help="steps of each variant's end that are summarized")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the last callback variant's hooks over its last steps; list the top N functions")
+    parser.add_argument("--step-profile", type=int, default=0, metavar="N",
+                        help="profile every variant's whole steps over its last steps; list the top N functions")
     args = parser.parse_args(argv)
     names = args.variants.split(",")
     profiled = max((i for i, name in enumerate(names) if VARIANTS[name].callback is not None), default=None)
     prepared = prepare(args.workload, "/tmp/hookcost", "--total-steps", str(args.total_steps))
     wrapped = install()
+    if args.step_profile:
+        install_step_profile()
     for index, name in enumerate(names):
         timings.clear()
+        stepping.update(profile=cProfile.Profile() if args.step_profile else None, steps=0,
+                        from_step=max(0, args.total_steps - args.last))
         profile = cProfile.Profile() if args.profile and index == profiled else None
         profiling.update(profile=profile, from_step=max(0, args.total_steps - args.last))
         record = runner.run_variant(prepared.workload, VARIANTS[name], prepared.settings, prepared.state)
@@ -105,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
                                   for i in range(0, len(every) - 99, 100)], "hooks_per_step_us": sum(h["per_step_us"] for h in hooks.values()),
             "wrapped": wrapped,
             **({"profile_top": top_functions(profile, max(1, len(steps)), args.profile)} if profile is not None else {}),
+            **({"step_profile_steps": stepping["steps"],
+                "step_profile_top": top_functions(stepping["profile"], max(1, stepping["steps"]), args.step_profile)}
+               if args.step_profile else {}),
         }), flush=True)
 
 
