@@ -152,8 +152,7 @@ def warm_up_compiler(settings: RunSettings) -> None:
     backend = compile_kwargs(VARIANTS["whole"], smoke=settings.smoke)["backend"]
     layer = torch.nn.Linear(16, 16, device=settings.device)
     compiled = torch.compile(layer, backend=backend)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if settings.device.type == "cuda" else contextlib.nullcontext()
-    with autocast:
+    with autocast_for(settings.device):
         output = compiled(torch.randn(8, 16, device=settings.device))
     output.float().sum().backward()
     dynamo_counts.start_variant()
@@ -352,23 +351,34 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     module.to(device)
     module.train()
     optimizer = workload.optimizer(module)
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    )
     meter.begin()
     done = False
     while not done:
         for batch in loader:
             batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
             meter.step_start()
-            with autocast:
-                loss = workload.loss(module, batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = plain_step(workload, module, optimizer, batch)
             done = meter.step_end(batch=batch, loss=loss)
             if done:
                 break
+
+
+def autocast_for(device: torch.device) -> contextlib.AbstractContextManager:
+    """The benchmarks' precision: bf16 autocast on CUDA, none on CPU (smoke runs)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def plain_step(workload: Workload, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One training step of the plain loop, ``batch`` already on the device: forward + loss under
+    autocast, backward, optimizer step; returns the loss."""
+    device = next(iter(batch.values())).device
+    with autocast_for(device):
+        loss = workload.loss(module, batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def add_speedups(records: list[dict[str, Any]], *, by_throughput: bool) -> None:

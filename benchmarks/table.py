@@ -524,7 +524,7 @@ def ran_after(order: Sequence[str], name: str, others: Sequence[str]) -> bool:
 
 def ran_before(order: Sequence[str], name: str, others: Sequence[str]) -> bool:
     """Whether ``name`` ran before every one of ``others`` in the run (``order``: the variants as they ran)."""
-    return name in order and all(other in order and order.index(other) > order.index(name) for other in others)
+    return ran_after(list(reversed(order)), name, others)
 
 
 def drift_verdict(

@@ -441,8 +441,7 @@ class CompileRun:
         cost the H200's host ~60 us a step, 1.5% of ResNet-18 CIFAR's 4 ms)."""
         if self._label == EAGER:
             return True
-        return self._label == COMPILED and (
-            self._plan_steps <= MEMORY_READS_FIRST or self._plan_steps % MEMORY_READ_EVERY == 0)
+        return self._label == COMPILED and self._plan_step_sampled(MEMORY_READS_FIRST, MEMORY_READ_EVERY)
 
     def _step_timed(self) -> bool:
         """Whether this step is timed: every step but the frozen plan's steady ones where batches come in
@@ -453,7 +452,11 @@ class CompileRun:
         steps could fall on some shapes only."""
         if self._label != COMPILED or self._keys_wanted():
             return True
-        return self._plan_steps <= PLAN_TIMED_FIRST or self._plan_steps % PLAN_TIMED_EVERY == 0
+        return self._plan_step_sampled(PLAN_TIMED_FIRST, PLAN_TIMED_EVERY)
+
+    def _plan_step_sampled(self, first: int, every: int) -> bool:
+        """Whether this plan step is among its first ``first`` since the plan last compiled, or an ``every``-th after."""
+        return self._plan_steps <= first or self._plan_steps % every == 0
 
     def after_backward(self, *, last: bool) -> None:
         self.anatomy_ops.backward_ended(last=last)

@@ -397,7 +397,7 @@ MUTATIONS = [
     Mutation(
         name="the frozen plan times every steady step (an event pair each)",
         path="compile_callback/run.py",
-        old="        return self._plan_steps <= PLAN_TIMED_FIRST or self._plan_steps % PLAN_TIMED_EVERY == 0\n",
+        old="        return self._plan_step_sampled(PLAN_TIMED_FIRST, PLAN_TIMED_EVERY)\n",
         new="        return True\n",
         tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
     ),

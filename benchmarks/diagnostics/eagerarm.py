@@ -22,7 +22,6 @@ first step of each block, and its first steps' median.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -32,33 +31,23 @@ from typing import Any
 import torch
 
 from benchmarks.diagnostics import prepare
+from benchmarks.runner import plain_step
+from compile_callback.timing import elapsed_ms, time_mark
 
 
 def _steps(workload: Any, module: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Any, count: int,
            device: torch.device) -> list[float]:
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    events = []
+    """``count`` plain-loop steps, each timed (CUDA events, read after one synchronize at the end)."""
+    cuda = device.type == "cuda"
+    marks = []
     for _ in range(count):
         batch = {key: value.to(device, non_blocking=True) for key, value in next(batches).items()}
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            began = time.perf_counter()
-        with autocast:
-            loss = workload.loss(module, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            end.record()
-            events.append((start, end))
-        else:
-            events.append(time.perf_counter() - began)
-    if device.type != "cuda":
-        return [seconds * 1e3 for seconds in events]
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
+        started = time_mark(cuda)
+        plain_step(workload, module, optimizer, batch)
+        marks.append((started, time_mark(cuda)))
+    if cuda:
+        torch.cuda.synchronize()
+    return [elapsed_ms(started, ended) for started, ended in marks]
 
 
 def _cycle(workload: Any, steps: int):
