@@ -152,7 +152,10 @@ def test_max_trials_stops_the_trials(tmp_path, max_trials):
     make_trainer(tmp_path, [callback], max_epochs=2).fit(TinyModel(), loader())
     report = callback.last_report
     tried = [d["region"] for d in report["decisions"]]
-    assert tried == ["model", "blocks.*"][:max_trials], report["decisions"]
+    # The whole model goes first; the next candidate is the hottest by the profile, which on a busy CPU
+    # may be the blocks or the embedding (microseconds apart): which one is not what is tested here.
+    assert len(tried) == max_trials and tried[:1] == ["model"][:max_trials], report["decisions"]
+    assert len(set(tried)) == len(tried), tried
     assert f"stopped after max_trials={max_trials}" in report["plan"]["notes"]
 
 
