@@ -248,7 +248,10 @@ class CompileCallback(Callback):
         self.run.set_phase("train", trainer.current_epoch, trainer.global_step)  # type: ignore[union-attr]
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self.run.before_batch(pl_module, epoch=trainer.current_epoch, step=trainer.global_step)  # type: ignore[union-attr]
+        run = self.run
+        assert run is not None
+        if not run.quiet_step():  # a steady step of the frozen plan reads nothing more (see CompileRun.quiet_step)
+            run.before_batch(pl_module, epoch=trainer.current_epoch, step=trainer.global_step)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
         self.run.before_backward()  # type: ignore[union-attr]

@@ -71,6 +71,11 @@ class Repricer:
     def length(self) -> int:
         return 4 * CYCLES * BLOCK
 
+    @property
+    def running(self) -> bool:
+        """Whether a round is under way."""
+        return self._round_start is not None
+
     def plan_frozen(self, batch: int) -> None:
         if self.next_at is None:
             self.next_at = batch + self.first_after

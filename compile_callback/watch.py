@@ -253,6 +253,11 @@ class CompileWatch:
         """True when a compile started since the last :meth:`collect`: the step that ran it is not steady."""
         return self._dirty
 
+    @property
+    def idle(self) -> bool:
+        """True when :meth:`collect` has nothing to read: no compile hook fired and dynamo made no record since."""
+        return not self._dirty and torch_internals.compile_record_count_marker() is self._marker
+
     # -- dynamo hooks ----------------------------------------------------------------------------
     def _attribute_from_stack(self) -> str | None:
         frame = sys._getframe(2)
@@ -320,7 +325,7 @@ class CompileWatch:
         """Reads dynamo's compile records since the last call; call after any step that compiled."""
         # A compile refused at the recompile limit fires no hook, only a record: look for new records
         # even when no hook fired (one identity check on the newest record: no per-step cost to speak of).
-        if not self._dirty and torch_internals.compile_record_count_marker() is self._marker:
+        if self.idle:
             return []
         self._dirty = False
         records = torch_internals.records_after(self._marker)

@@ -402,6 +402,20 @@ MUTATIONS = [
         tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
     ),
     Mutation(
+        name="a quiet step that compiled is not recorded until a later full step",
+        path="compile_callback/run.py",
+        old="        if quiet and self.watch.idle:",
+        new="        if quiet:",
+        tests=("tests/test_timing.py::test_steady_steps_take_the_quiet_path_and_a_compile_in_one_is_still_recorded",),
+    ),
+    Mutation(
+        name="a quiet step leaves the watch on the last full step's global step",
+        path="compile_callback/run.py",
+        old="        self.watch.step = self._step  # type: ignore[union-attr]",
+        new="        pass  # type: ignore[union-attr]",
+        tests=("tests/test_timing.py::test_steady_steps_take_the_quiet_path_and_a_compile_in_one_is_still_recorded",),
+    ),
+    Mutation(
         name="the frozen plan samples its step times where batches come in several shapes",
         path="compile_callback/run.py",
         old="        if self._label != COMPILED or self._keys_wanted():\n            return True\n",

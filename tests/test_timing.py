@@ -155,7 +155,8 @@ def _timed_plan_steps(tmp_path, monkeypatch, train_loader, *, max_steps: int, ba
     from compile_callback.planner import COMPILED
     from tests.conftest import TinyModel, make_trainer
 
-    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=baseline, warmup_steps=1)
+    # anatomy=False, as on CUDA: the plan's steady steps are then quiet ones (CompileRun.quiet_step).
+    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=baseline, warmup_steps=1, anatomy=False)
     timed: list[bool] = []
     started: list[bool] = []
     start, after_batch = StepTimer.start, run_module.CompileRun.after_batch
@@ -196,3 +197,57 @@ def test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step
     timed, callback = _timed_plan_steps(tmp_path / "several", monkeypatch, several, max_steps=100, baseline=7)
     assert len(callback.run.timer.keys(("eager",))) == 3
     assert len(timed) > 60 and all(timed), [n for n, t in enumerate(timed, 1) if not t]
+
+
+def test_steady_steps_take_the_quiet_path_and_a_compile_in_one_is_still_recorded(tmp_path, monkeypatch):
+    """Once the plan froze, its steady steps skip the hooks' bookkeeping (``CompileRun.quiet_step``): only
+    sampled ones are timed. A recompile in such a step is still counted, with its region and step, as
+    dynamo counts it, and the step after it takes the full path again."""
+    from compile_callback import CompileCallback
+    from compile_callback import run as run_module
+    from tests.conftest import TinyModel, loader, make_trainer
+
+    class Switching(TinyModel):
+        """The head reads a Python flag that flips at global step 90: dynamo guards on it and recompiles."""
+
+        def __init__(self):
+            super().__init__()
+            self.head.doubled = False
+
+            def forward(x, head=self.head):
+                return head.linear(x) * 2 if head.doubled else head.linear(x)
+
+            self.head.forward = forward
+
+        def training_step(self, batch, batch_idx):
+            self.head.doubled = self.global_step >= 90
+            return super().training_step(batch, batch_idx)
+
+    paths: dict[int, str] = {}  # batch index -> "quiet" or "full"
+    quiet_step, before_batch = run_module.CompileRun.quiet_step, run_module.CompileRun.before_batch
+
+    def recorded_quiet_step(self):
+        quiet = quiet_step(self)
+        if quiet:
+            paths[self.batch_index] = "quiet"
+        return quiet
+
+    def recorded_before_batch(self, module, **kwargs):
+        paths[self.batch_index] = "full"
+        return before_batch(self, module, **kwargs)
+
+    monkeypatch.setattr(run_module.CompileRun, "quiet_step", recorded_quiet_step)
+    monkeypatch.setattr(run_module.CompileRun, "before_batch", recorded_before_batch)
+    torch._dynamo.utils.counters.clear()
+    # anatomy=False: as on CUDA (sampled steps are never quiet); drop_last: batches in one shape.
+    callback = CompileCallback(["head"], backend="eager", eager_baseline_steps=2, warmup_steps=1, anatomy=False,
+                               log_every_n_steps=10)
+    make_trainer(tmp_path, [callback], max_epochs=-1, max_steps=140).fit(Switching(), loader(batch_size=8, drop_last=True))
+
+    assert sorted(paths) == list(range(140))
+    quiet = [index for index, path in paths.items() if path == "quiet"]
+    assert len(quiet) > 70, paths  # all but the baseline, the plan's first steps and any re-pricing round
+    assert paths[90] == "quiet" and paths[91] == "full", (paths[90], paths[91])
+    recompiles = [(r.region, r.stage, r.step) for r in callback.run.watch.recompiles]
+    assert recompiles == [("head", "train", 90)], recompiles
+    assert callback.last_report["summary"]["recompiles"] == 1
