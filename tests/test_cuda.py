@@ -233,9 +233,10 @@ def test_the_per_step_allocated_read_equals_torchs():
 
 
 def test_the_plan_reads_memory_on_a_sample_of_its_steps(tmp_path, monkeypatch):
-    """Every eager baseline step reads the allocator; the frozen plan its first 32 steps and every 16th
-    after (the read cost the H200's host ~60 us a step)."""
+    """Every eager baseline step reads the allocator; the frozen plan its first MEMORY_READS_FIRST steps
+    and every MEMORY_READ_EVERY-th after (a read cost the H200's host ~60 us a step)."""
     from compile_callback import run as run_module
+    from compile_callback.run import MEMORY_READ_EVERY, MEMORY_READS_FIRST
     from compile_callback.planner import COMPILED, EAGER
 
     reads = []
@@ -247,11 +248,14 @@ def test_the_plan_reads_memory_on_a_sample_of_its_steps(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_module, "allocated_bytes", counted)
     callback = CompileCallback(["layers.*"], mode="default", eager_baseline_steps=4, warmup_steps=1, trial_steps=4)
-    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=-1, max_steps=200)
+    max_steps = MEMORY_READS_FIRST + 2 * MEMORY_READ_EVERY + 60  # past two sampled reads after the first ones
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_epochs=-1, max_steps=max_steps)
     trainer.fit(ManySmallOps(), loader(batch_size=8))
     plan_steps = callback.run._plan_steps
-    assert plan_steps > 100
+    assert plan_steps > MEMORY_READS_FIRST + MEMORY_READ_EVERY
     assert reads.count(EAGER) == 2 * 4  # at the batch's start and at its forward/backward boundary
-    expected = min(plan_steps, 32) + sum(1 for n in range(33, plan_steps + 1) if n % 16 == 0)
+    later = range(MEMORY_READS_FIRST + 1, plan_steps + 1)
+    expected = min(plan_steps, MEMORY_READS_FIRST) + sum(1 for n in later if n % MEMORY_READ_EVERY == 0)
+    assert expected < plan_steps / 2  # the rule samples: most steady steps read nothing
     assert reads.count(COMPILED) == expected, (reads.count(COMPILED), plan_steps)
     assert callback.last_report["summary"]["memory_eager_peak_gb"] > 0
