@@ -57,6 +57,10 @@ from benchmarks.workloads import (
 DEFAULT_OUT = os.path.join("benchmarks", "results")
 SMOKE_OUT = os.path.join(DEFAULT_OUT, "smoke")  # not kept in git: smoke numbers are no measurement
 ALL = "all"
+COMPILE_CACHES = {  # --compile-caches, as the results' settings say it
+    "off": "disabled: every variant compiles cold",
+    "fresh": "on, an empty cache folder for each variant: cold, and the callback's background compile on where it pays",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -132,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--in-fit-ab-steps", type=int, default=None, metavar="STEPS",
         help="steps per in-fit A/B block, the first 2 not counted (default 10, smoke 3).",
+    )
+    parser.add_argument(
+        "--compile-caches", choices=("off", "fresh"), default="off",
+        help="off (default): Inductor's compile caches are off, every variant compiles from scratch in-process "
+        "(the CompileCallback's background compile, which hands its work over through the cache, is then off "
+        "too); fresh: caches on, each variant starting from an empty cache folder of its own under "
+        "<out>/caches, as on a machine that never compiled the model: the callback's default on CUDA.",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -223,6 +234,7 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         longest_steps=longest,
         in_fit_ab_blocks=ab_blocks if epoch_steps is None else 0,
         in_fit_ab_block_steps=ab_steps,
+        fresh_caches_dir=os.path.join(out, "caches") if args.compile_caches == "fresh" else None,
     )
 
 
@@ -292,7 +304,7 @@ def new_result(
             "flops_per_token": workload.flops_per_token,
             "peak_flops": settings.peak_flops,
             "callback_options": callback_options(VARIANTS["callback"], smoke=args.smoke),
-            "compile_caches": "disabled: every variant compiles cold",
+            "compile_caches": COMPILE_CACHES[args.compile_caches],
             "cudnn_attention": workload.cudnn_attention,
             "seed": args.seed,
             "memory_cap_gb": None,
@@ -376,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     # set here so the plain loop, which runs first, gets the same strong convolutions).
     torch.backends.cudnn.benchmark = torch.cuda.is_available()
     dynamo_counts.keep_all_compile_records()
-    dynamo_counts.disable_compile_caches()
+    if args.compile_caches == "off":
+        dynamo_counts.disable_compile_caches()
     quiet_logs()
     return run(args, command)
 

@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -60,6 +61,10 @@ class RunSettings:
         in_fit_ab_blocks: blocks of the in-fit A/B a callback variant runs after its steady window
             (fixed shapes; :class:`benchmarks.measure.InFitAB`), ``in_fit_ab_block_steps`` steps each;
             0: none.
+        fresh_caches_dir: None: compile caches are off in the whole process (every compile cold, the
+            default). A folder: caches on, each variant compiling into an empty Inductor cache of its own
+            under it, as on a machine that never compiled this model; a warm cache is then the variant's
+            own doing (the CompileCallback's background compile fills one in a child process).
     """
 
     device: torch.device
@@ -76,6 +81,7 @@ class RunSettings:
     longest_steps: int | None = None
     in_fit_ab_blocks: int = 0
     in_fit_ab_block_steps: int = 10
+    fresh_caches_dir: str | None = None
 
 
 def precision(device: torch.device) -> str:
@@ -166,7 +172,10 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
         return {**record, "status": "skipped", "reason": reason}
     record["started_at"] = time.time()  # wall clock: matches a concurrent host probe's samples
     try:
-        record.update(_train_and_measure(workload, variant, settings, state))
+        with fresh_compile_cache(settings.fresh_caches_dir, variant.name) as cache_dir:
+            if cache_dir is not None:
+                record["compile_cache_dir"] = cache_dir
+            record.update(_train_and_measure(workload, variant, settings, state))
         record["status"] = "ok"
     except Exception as error:  # a variant that fails is reported; the others still run
         traceback.print_exc()
@@ -177,6 +186,33 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
         if settings.device.type == "cuda":
             torch.cuda.empty_cache()
     return record
+
+
+@contextlib.contextmanager
+def fresh_compile_cache(root: str | None, name: str):
+    """Inductor's caches (FX graphs, AOTAutograd, Triton kernels, autotuning) in an empty folder of
+    ``root`` while the block runs, for this process and the children it starts; yields the folder, or
+    None (and changes nothing) when ``root`` is None. Compiled code in memory is dynamo's, which
+    :func:`dynamo_counts.start_variant` forgets; what the folder holds afterwards is left for a look."""
+    if root is None:
+        yield None
+        return
+    os.makedirs(root, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+    previous = {key: os.environ.get(key) for key in CACHE_ENV}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    os.environ.pop("TRITON_CACHE_DIR", None)  # Triton's then follows Inductor's: <directory>/triton
+    try:
+        yield directory
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 def _train_and_measure(

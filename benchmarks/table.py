@@ -312,7 +312,7 @@ def render_result(result: dict[str, Any]) -> str:
         f"lightning {result.get('lightning')}, {settings.get('precision')}, {result.get('date')}. "
         f"Every variant ran {settings.get('total_steps')} steps{render_longer_runs(result)}; median and p90 over the last "
         f"{settings.get('measured_steps')}; the Trainer planned for {settings.get('planned_steps')} steps."
-        f"{render_memory_cap(settings)}",
+        f"{render_memory_cap(settings)}{render_caches(settings)}",
         "",
         render_table(result),
     ]
@@ -330,6 +330,14 @@ def render_longer_runs(result: dict[str, Any]) -> str:
     if not longer:
         return ""
     return f" ({', '.join(longer)}: run on until the steady window held only steps after the plan froze)"
+
+
+def render_caches(settings: dict[str, Any]) -> str:
+    """The compile caches' setting where it is not the default (off, every variant cold in-process)."""
+    caches = settings.get("compile_caches")
+    if not caches or caches.startswith("disabled"):
+        return ""
+    return f" Compile caches {caches}."
 
 
 def render_memory_cap(settings: dict[str, Any]) -> str:

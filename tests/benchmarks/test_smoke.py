@@ -691,3 +691,26 @@ def test_memory_cap_makes_larger_allocations_fail():
             apply_memory_cap(total + 1, device)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())  # needs an index
+
+
+def test_fresh_compile_caches_give_each_variant_an_empty_folder_and_restore_the_environment(tmp_path, monkeypatch):
+    from benchmarks.__main__ import resolve_settings
+    from benchmarks.runner import fresh_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/before")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/triton-before")
+    seen = []
+    for name in ("eager", "callback"):
+        with fresh_compile_cache(str(tmp_path / "caches"), name) as directory:
+            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == directory and "TRITON_CACHE_DIR" not in os.environ
+            assert os.path.basename(directory).startswith(f"{name}-") and os.listdir(directory) == []
+            seen.append(directory)
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before" and os.environ["TRITON_CACHE_DIR"] == "/triton-before"
+    assert seen[0] != seen[1]
+    with fresh_compile_cache(None, "eager") as directory:  # the default: nothing changes
+        assert directory is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/before"
+
+    device = torch.device("cpu")
+    fresh = resolve_settings(parse_args(["--smoke", "--compile-caches", "fresh"]), "resnet18_cifar", device, str(tmp_path))
+    assert fresh.fresh_caches_dir == os.path.join(str(tmp_path), "caches")
+    assert resolve_settings(parse_args(["--smoke"]), "resnet18_cifar", device, str(tmp_path)).fresh_caches_dir is None
