@@ -161,6 +161,11 @@ class CompileRun:
         self.repricer = Repricer()  # eager timed again beside the frozen plan (compile_callback.reprice)
         self._reprice_stance: Any = None  # force_eager for one batch of a re-pricing round
         self._stall_s = 0.0  # seconds the training loop waited for compiling and checking (compile/stall_s)
+        # The same seconds in two parts, and the longest single wait with its batch (the report's summary):
+        # the planner's work before a step (verification, a trial's set-up and compile, a child's start), and
+        # steps in which dynamo compiled, beyond an eager step's median.
+        self._stall_parts = {"before_steps_s": 0.0, "compiling_steps_s": 0.0}
+        self._longest_stall: tuple[float, int] | None = None
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
         self._padding_seen = PaddingStats()
@@ -409,7 +414,7 @@ class CompileRun:
         self._finish_sync_probe()  # first: the planner may compile and run code below
         planning = time.perf_counter()
         self._label = self.planner.before_batch(self.batch_index)
-        self._stall_s += time.perf_counter() - planning  # verification and trial set-up, before the step
+        self._add_stall("before_steps_s", time.perf_counter() - planning)  # verification and trial set-up
         repricing = self._repricing_step()
         if repricing is not None:
             eager, self._label = repricing
@@ -477,6 +482,13 @@ class CompileRun:
             if self._label == EAGER:
                 self._eager_activations = max(self._eager_activations or 0, allocated - self._memory_at_start)
 
+    def _add_stall(self, part: str, seconds: float) -> None:
+        """Counts ``seconds`` of stopped training at this batch into ``compile/stall_s`` and its ``part``."""
+        self._stall_s += seconds
+        self._stall_parts[part] += seconds
+        if self._longest_stall is None or seconds > self._longest_stall[0]:
+            self._longest_stall = (seconds, self.batch_index)
+
     def _memory_read_due(self) -> bool:
         """Whether this step reads the allocator at its forward/backward boundary: every eager baseline
         step, and the plan's first :data:`MEMORY_READS_FIRST` steps and every :data:`MEMORY_READ_EVERY`-th
@@ -526,7 +538,7 @@ class CompileRun:
         self._end_repricing_batch()
         host_ms = (time.perf_counter() - self._host_start) * 1e3
         if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)
-            self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3
+            self._add_stall("compiling_steps_s", max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3)
             self._plan_steps = 0  # a new graph (a new shape's, a recompiled region's): its steps are read afresh
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
@@ -944,6 +956,9 @@ class CompileRun:
             "eager_step_time_p90_ms": eager_p90,
             "compile_time_s": metrics[telemetry.COMPILE_TIME_S],
             "stall_s": metrics[telemetry.STALL_S],
+            "stall_parts_s": dict(self._stall_parts),
+            "longest_stall": None if self._longest_stall is None else
+            {"seconds": self._longest_stall[0], "batch": self._longest_stall[1]},
             "graphs": int(metrics[telemetry.GRAPHS] or 0),
             "graph_breaks": int(metrics[telemetry.GRAPH_BREAKS] or 0),
             # Of those, the ones dynamo's counters["graph_break"] counts (at a call); the rest (no

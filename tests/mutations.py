@@ -292,7 +292,7 @@ MUTATIONS = [
     Mutation(
         name="compile/stall_s leaves out the steps that compiled",
         path="compile_callback/run.py",
-        old="            self._stall_s += max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3\n",
+        old="            self._add_stall(\"compiling_steps_s\", max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3)\n",
         new="            pass\n",
         tests=("tests/test_stall.py",),
     ),

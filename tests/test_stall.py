@@ -32,6 +32,13 @@ def test_stall_counts_the_compiles_the_training_loop_waited_for(tmp_path):
     # Every compile happened inside training steps, each one waited for in full.
     assert len(compiles) * COMPILE_S <= summary["stall_s"] < wall_s, (compiles, summary["stall_s"], wall_s)
     assert summary["compile_time_s"] >= len(compiles) * COMPILE_S  # dynamo's records hold the same sleeps
+    # In parts: with a fixed region both graphs compile on their first call, inside the steps that meet
+    # them; the planner's own work before steps is the rest.
+    parts = summary["stall_parts_s"]
+    assert parts["compiling_steps_s"] >= len(compiles) * COMPILE_S and parts["before_steps_s"] >= 0, parts
+    assert sum(parts.values()) == pytest.approx(summary["stall_s"])
+    longest = summary["longest_stall"]
+    assert COMPILE_S <= longest["seconds"] <= summary["stall_s"] and 0 <= longest["batch"] < trainer.global_step
     logged = read_scalars(trainer.logger.log_dir)["compile/stall_s"]
     assert logged[-1][1] == pytest.approx(summary["stall_s"], rel=1e-6)  # TensorBoard keeps float32
 
