@@ -37,6 +37,7 @@ from benchmarks.variants import (
     skip_reason,
 )
 from benchmarks.workloads import Workload
+from compile_callback import torch_internals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,20 +200,14 @@ def fresh_compile_cache(root: str | None, name: str):
         return
     os.makedirs(root, exist_ok=True)
     directory = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
-    previous = {key: os.environ.get(key) for key in CACHE_ENV}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-    os.environ.pop("TRITON_CACHE_DIR", None)  # Triton's then follows Inductor's: <directory>/triton
+    previous = torch_internals.use_inductor_cache_dir(directory)
+    triton = os.environ.pop("TRITON_CACHE_DIR", None)  # Triton's then follows Inductor's: <directory>/triton
     try:
         yield directory
     finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+        torch_internals.restore_inductor_cache_dir(previous)
+        if triton is not None:
+            os.environ["TRITON_CACHE_DIR"] = triton
 
 
 def _train_and_measure(

@@ -160,10 +160,10 @@ class CompileRun:
         self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
         self.repricer = Repricer()  # eager timed again beside the frozen plan (compile_callback.reprice)
         self._reprice_stance: Any = None  # force_eager for one batch of a re-pricing round
-        self._stall_s = 0.0  # seconds the training loop waited for compiling and checking (compile/stall_s)
-        # The same seconds in two parts, and the longest single wait with its batch (the report's summary):
-        # the planner's work before a step (verification, a trial's set-up and compile, a child's start), and
-        # steps in which dynamo compiled, beyond an eager step's median.
+        # Seconds the training loop waited for compiling and checking (compile/stall_s is their sum), in two
+        # parts, and the longest single wait with its batch (the report's summary): the planner's work before
+        # a step (verification, a trial's set-up and compile, a child's start), and steps in which dynamo
+        # compiled, beyond an eager step's median.
         self._stall_parts = {"before_steps_s": 0.0, "compiling_steps_s": 0.0}
         self._longest_stall: tuple[float, int] | None = None
         self._plan_key: dict[str, Any] | None = None
@@ -484,7 +484,6 @@ class CompileRun:
 
     def _add_stall(self, part: str, seconds: float) -> None:
         """Counts ``seconds`` of stopped training at this batch into ``compile/stall_s`` and its ``part``."""
-        self._stall_s += seconds
         self._stall_parts[part] += seconds
         if self._longest_stall is None or seconds > self._longest_stall[0]:
             self._longest_stall = (seconds, self.batch_index)
@@ -859,7 +858,7 @@ class CompileRun:
             telemetry.SPEEDUP_HIGH: priced[0] * (1 + 2 * priced[1]) if priced else None,
             **({telemetry.SPEEDUP_LOW: min(latest.cycles), telemetry.SPEEDUP_HIGH: max(latest.cycles)} if latest else {}),
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
-            telemetry.STALL_S: self._stall_s,
+            telemetry.STALL_S: sum(self._stall_parts.values()),
             telemetry.GRAPHS: totals["graphs"],
             telemetry.GRAPH_BREAKS: totals["graph_breaks"],
             telemetry.RECOMPILES: totals["recompiles"],
