@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
@@ -216,6 +217,17 @@ def candidate_block(block: int) -> bool:
     later, so steps that lengthen over the trial made an eager-speed candidate look 9% faster (a loaded
     2-core machine kept one); in this order a steady drift falls on both sides alike."""
     return block % 4 in (0, 3)
+
+
+def _timed_call(call: Callable[[], Any]) -> tuple[Any, float]:
+    """``call()``'s result and the host seconds it took."""
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
+
+
+def _setup_s(verdict: VerificationResult, released_s: float | None) -> dict[str, float]:
+    """A decision's ``setup_s``: the trial's set-up batch by piece (see :class:`~compile_callback.report.Decision`)."""
+    return {**({"memory release": released_s} if released_s is not None else {}), **verdict.seconds}
 
 
 def _retimed(windows: int) -> str:
@@ -501,12 +513,13 @@ class AutoPlanner(_CompilesRegions):
         control = label + CONTROL
         interleaved = options.mode != "reduce-overhead"
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
+        released_s = None  # seconds handing eager's cached memory back before a CUDA-graph trial
         background = yield from self._prepare(candidate.region, options, candidate.units)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
             control, windows = yield from self._control_window(control)
-            misfit = self._graph_pool_misfit()
+            misfit, released_s = _timed_call(self._graph_pool_misfit)
             if misfit is not None:
                 self._decide(candidate, options, kept=False, reason=misfit, background=background)
                 return None
@@ -521,7 +534,7 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         **self._numerics(verdict), background=background)
+                         **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s))
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -536,7 +549,8 @@ class AutoPlanner(_CompilesRegions):
                 failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
-                         reason=f"failed at run time during its trial, reverted to eager: {failure}", background=background)
+                         reason=f"failed at run time during its trial, reverted to eager: {failure}", background=background,
+                         setup_s=_setup_s(verdict, released_s))
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
@@ -558,7 +572,7 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     **self._numerics(verdict), background=background)
+                     **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s))
         return trial_ms if keep else None
 
     def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, str | None]:
@@ -672,7 +686,7 @@ class AutoPlanner(_CompilesRegions):
         background = yield from self._prepare(group, options, units)
         control = "trial:reduce-overhead" + CONTROL
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
-        misfit = self._graph_pool_misfit()
+        misfit, released_s = _timed_call(self._graph_pool_misfit)
         if misfit is not None:
             self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                kept=False, reason=misfit, step=self._batch_index, background=background))
@@ -739,7 +753,7 @@ class AutoPlanner(_CompilesRegions):
                            kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                            speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                            compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                           **self._numerics(verdict), background=background))
+                           **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s)))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -943,9 +957,13 @@ class AutoPlanner(_CompilesRegions):
         return False
 
     def _verify(self, region: Region) -> VerificationResult:
+        """Verifies each of ``region``'s modules on its held input; the worst result, with the seconds of
+        every module's stages summed and ``"verification in all"``."""
         assert self.profiler is not None
         worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
         twin = torch_internals.TwinScope()  # one verification twin for all of the region's modules (verify_module)
+        seconds: dict[str, float] = {}
+        started = time.perf_counter()
         with in_host_memory(self._between_steps()):  # once for all of the region's modules
             for name, module in zip(region.module_names, region.modules):
                 held = self.profiler.held_input(name)
@@ -957,10 +975,16 @@ class AutoPlanner(_CompilesRegions):
                                            options=region.compiled_with, twin_scope=twin)
                 else:
                     result = warm_call(module, args, kwargs, context=self.context)
+                for stage, spent in result.seconds.items():
+                    seconds[stage] = seconds.get(stage, 0.0) + spent
                 if not result.passed or result.max_rel_error > worst.max_rel_error:
                     worst = result
                 if not result.passed:
                     break
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the parked state's copies back
+        seconds["verification in all"] = time.perf_counter() - started
+        worst = dataclasses.replace(worst, seconds=seconds)
         # Wrong on any rank is wrong: compiled code that differs from eager on one GPU must not train there.
         passed = bool(self.agree_all(worst.passed))
         if worst.passed and not passed:

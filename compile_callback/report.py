@@ -55,6 +55,10 @@ class Decision:
     compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
     background: str | None = None  # "prepared in the background: ..." or why not; None: background compiles off
     peak_gb: float | None = None  # the fit's peak allocated memory (GB) when this was decided; None off CUDA
+    # Host seconds of the trial's set-up batch (the one that compiles and verifies), by piece: "memory
+    # release" before a CUDA-graph trial, verification's stages (verify.VerificationResult.seconds) and
+    # "verification in all" (parking the optimizer's state and gradients in host memory included).
+    setup_s: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

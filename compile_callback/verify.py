@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -48,6 +49,9 @@ class VerificationResult:
     tolerance: float
     where: str  # "output", "grad of <param>", or the error text
     error: str | None = None
+    # Host seconds by stage (eager, compiled: its compile included, fp32 reference, comparison), each
+    # ended by a device sync: where a trial's set-up batch spends its time (the report's decisions).
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def compute_dtype() -> torch.dtype:
@@ -295,7 +299,18 @@ def cuda_devices(module: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
 
 
-# Long on purpose: the order of the runs (eager, then compiled) and of what each frees is the memory footprint.
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], stage: str, device: torch.device) -> Iterator[None]:
+    """Adds the host seconds of the block to ``seconds[stage]``, the device's queued work included."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
+
+
 def verify_module(
     module: nn.Module,
     args: tuple[Any, ...],
@@ -319,8 +334,27 @@ def verify_module(
         twin_scope: the twin shared by the modules of one region (one compile for all; default: its own).
 
     Returns:
-        The result; errors raised by the compiled call are returned as a failed result, not raised.
+        The result, with the seconds of each stage; errors raised by the compiled call are returned as a
+        failed result, not raised.
     """
+    seconds: dict[str, float] = {}
+    result = _verify_module(module, args, kwargs, context=context, tolerance=tolerance, options=options,
+                            twin_scope=twin_scope, seconds=seconds)
+    return dataclasses.replace(result, seconds=seconds)
+
+
+# Long on purpose: the order of the runs (eager, then compiled) and of what each frees is the memory footprint.
+def _verify_module(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    context: Callable[[], contextlib.AbstractContextManager],
+    tolerance: float | None,
+    options: CompileOptions | None,
+    twin_scope: torch_internals.TwinScope | None,
+    seconds: dict[str, float],
+) -> VerificationResult:
     buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
 
     def restore_buffers() -> None:
@@ -390,10 +424,12 @@ def verify_module(
 
         try:
             # Eager first, its results moved to host memory; then the compiled run, compared where it lies.
-            eager_count, eager_grads = run(compiled=False, take_outputs=lambda ts: eager_outputs.extend(_offload(ts)))
-            eager_grads = _offload(eager_grads)
+            with _timed(seconds, "eager", device):
+                eager_count, eager_grads = run(compiled=False, take_outputs=lambda ts: eager_outputs.extend(_offload(ts)))
+                eager_grads = _offload(eager_grads)
             stage = "compile"
-            count, compiled_grads = run(compiled=True, take_outputs=compare_outputs)
+            with _timed(seconds, "compiled", device):  # its compile included, and the outputs' comparison
+                count, compiled_grads = run(compiled=True, take_outputs=compare_outputs)
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
         except Exception as error:  # a backend error must revert the region, not end the run
@@ -409,7 +445,8 @@ def verify_module(
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
         grad_labels = [names[i] if i < len(names) else "grad of input" for i in range(len(compiled_grads))]
         labels = ["output"] * count + grad_labels
-        errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads, device)
+        with _timed(seconds, "comparison", device):
+            errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads, device)
         worst = max(errors, key=lambda e: (e.error != e.error, e.error), default=TensorError("output", 0.0, 0.0, False))
         failing = [e for e in errors if not e.error <= limit]
         if not failing:
@@ -426,13 +463,15 @@ def verify_module(
         stage = "fp32 reference"
         reference_outputs: list[torch.Tensor] = []
         try:
-            _, reference_grads = run(compiled=False, fp32=True,
-                                     take_outputs=lambda ts: reference_outputs.extend(_offload(ts)))
+            with _timed(seconds, "fp32 reference", device):
+                _, reference_grads = run(compiled=False, fp32=True,
+                                         take_outputs=lambda ts: reference_outputs.extend(_offload(ts)))
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
         reference = reference_outputs + reference_grads
-    eager_off = _errors(labels, eager_all, reference, device)
-    compiled_off = _errors(labels, compiled_all, reference, device)
+    with _timed(seconds, "comparison", device):
+        eager_off = _errors(labels, eager_all, reference, device)
+        compiled_off = _errors(labels, compiled_all, reference, device)
     failed = further_from_fp32(eager_off, compiled_off, dtype)
     if failed is not None:
         return VerificationResult(False, worst.error, limit, failed)

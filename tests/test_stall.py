@@ -50,3 +50,21 @@ def test_nothing_compiled_stalls_nothing(tmp_path):
     trainer.fit(TinyModel(), loader(batch_size=8))
     assert callback.last_report["summary"]["compile_time_s"] == 0
     assert callback.last_report["summary"]["stall_s"] < COMPILE_S / 10
+
+
+def test_a_trials_set_up_batch_is_timed_by_piece(tmp_path):
+    # Where a trial's set-up batch spends its time (issue 22: on the H200 one such batch waited 30 s
+    # with 1.6 s of compiling): verification's stages, each against the known compile time.
+    compiles.clear()
+    callback = CompileCallback(backend=slow_to_compile, eager_baseline_steps=4, warmup_steps=0)  # a trial of the whole model
+    trainer = make_trainer(tmp_path, [callback], max_steps=80, max_epochs=30, limit_val_batches=0)
+    trainer.fit(TinyModel(), loader(batch_size=8))
+    report = callback.last_report
+    assert report["decisions"][0]["region"] == "model" and report["decisions"][0]["compile_seconds"]
+    setup = report["decisions"][0]["setup_s"]
+    assert {"eager", "compiled", "comparison", "verification in all"} <= set(setup), setup
+    assert len(compiles) == 1 and setup["compiled"] >= COMPILE_S  # the region compiles in verification's compiled run
+    assert setup["eager"] < COMPILE_S  # nothing compiles in the eager run
+    assert setup["eager"] + setup["compiled"] + setup["comparison"] <= setup["verification in all"]
+    # The set-up batch waited for at least its verification.
+    assert setup["verification in all"] <= report["summary"]["longest_stall"]["seconds"]

@@ -16,7 +16,10 @@ prints one JSON line per step with its wall-clock span, so a host clock running 
   the garbage collector (tells gc work on a heap that compiling grew from other causes);
 - ``@workers``: Inductor's compile worker processes shut down (they outlive a compile);
 - ``@graphs``: the CUDA-graph trees dropped (``torch._inductor.cudagraph_trees.reset_cudagraph_trees()``);
-- ``@empty``: ``torch.cuda.empty_cache()``.
+- ``@empty``: ``torch.cuda.empty_cache()``;
+- ``@fresh``: the same eager window in a fresh process started now (this process waits): a control at
+  the same moment, so a parent's eager slower after a fit than the fresh process's points at state the
+  fit left, and both slower at a slower host (the line's ``fresh_median_ms``).
 
 Every line also has ``gc_objects`` (the objects the garbage collector tracks after the step), the
 process's ``threads``, ``children`` with their CPU seconds so far (whether anything left running
@@ -35,6 +38,7 @@ import dataclasses
 import gc
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
@@ -155,6 +159,19 @@ TREATMENTS = {
 }
 
 
+def _fresh(workload: str, eager_steps: int) -> dict[str, Any]:
+    """An eager window of ``workload`` in a fresh interpreter (this module, step ``eager``), waited for."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.diagnostics.aftereffect", workload, "eager", "--eager-steps", str(eager_steps)],
+        capture_output=True, text=True, check=False,
+    )
+    lines = [json.loads(text) for text in done.stdout.splitlines() if text.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"fresh_error": (done.stderr or done.stdout)[-500:]}
+    return {"fresh_median_ms": lines[-1].get("median_ms"), "fresh_p90_ms": lines[-1].get("p90_ms"),
+            "fresh_window_started_at": lines[-1].get("window_started_at")}
+
+
 def _variant(step: str) -> Variant:
     if step.startswith("cb:"):
         return Variant(f"cb{len(step)}", f"CompileCallback({step[3:]})", callback=json.loads(step[3:]))
@@ -164,7 +181,7 @@ def _variant(step: str) -> Variant:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.aftereffect")
     parser.add_argument("workload")
-    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, " + ", ".join(TREATMENTS))
+    parser.add_argument("steps", help="comma-separated: eager, a variant, cb:<json options>, @fresh, " + ", ".join(TREATMENTS))
     parser.add_argument("--eager-steps", type=int, default=100)
     args = parser.parse_args(argv)
     prepared = prepare(args.workload, "/tmp/aftereffect")
@@ -187,7 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     for index, step in enumerate(steps):
         started = time.time()
         line: dict[str, Any] = {"index": index, "step": step}
-        if step in TREATMENTS:
+        if step == "@fresh":
+            line.update(_fresh(args.workload, args.eager_steps))
+        elif step in TREATMENTS:
             TREATMENTS[step](device)
         else:
             variant = _variant(step)
