@@ -393,6 +393,14 @@ VARLEN_PADDING_WASTE = 0.15
 CEILING_WORKLOADS = ("gpt2", "resnet50")  # issue 23's: the callback within 2% of the plain loop's best compile
 
 
+def background_seconds(record: dict[str, Any] | None) -> float | None:
+    """The seconds the callback's background children compiled and checked candidates (compiling that
+    stalled nothing, so not in the record's ``compile_s``); None where no child finished."""
+    decisions = ((record or {}).get("callback") or {}).get("decisions") or []
+    seconds = [d["background_s"] for d in decisions if d.get("background_s") is not None]
+    return sum(seconds) if seconds else None
+
+
 def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> list[Verdict]:
     """The SPEC's targets for ``CompileCallback()`` that this workload's result can answer.
 
@@ -422,9 +430,13 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
         add(f"callback speedup ≥ {floor}× (best anchor)", _number(speedup, ".3f", "×"),
             None if speedup is None else speedup >= floor)
         compile_s = callback.get("compile_s") if callback else None
+        child_s = background_seconds(callback)
+        if compile_s is not None:
+            compile_s += child_s or 0.0
         if workload == "gpt2":
             add(f"aim: ≥ {aim}× with ≤ {GPT_AIM_COMPILE_S:.0f} s compiling",
-                f"{_number(speedup, '.3f', '×')}, {_number(compile_s, '.1f', ' s')}",
+                f"{_number(speedup, '.3f', '×')}, {_number(compile_s, '.1f', ' s')}"
+                + (f" ({child_s:.1f} s of it in a background child)" if child_s else ""),
                 None if speedup is None or compile_s is None else speedup >= aim and compile_s <= GPT_AIM_COMPILE_S)
             value = callback.get("mfu") if callback else None
             add(f"MFU ≥ {GPT_MFU:.0%} (6N + attention, 989 TFLOP/s)", _percent(value),

@@ -136,6 +136,7 @@ class BackgroundCompile:
     log: str
     started: float
     time_limit_s: float = CHILD_TIME_LIMIT_S
+    seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
 
     def done(self) -> bool:
         if self.process.poll() is not None:
@@ -177,6 +178,7 @@ class BackgroundCompile:
             last = lines[-1][:300] if lines else "no output"
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
         niceness = f", at niceness {result['niceness']}" if result.get("niceness") else ""
+        self.seconds = result["seconds"]
         return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all{niceness})"
 
 

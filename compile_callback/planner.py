@@ -521,7 +521,7 @@ class AutoPlanner(_CompilesRegions):
             control, windows = yield from self._control_window(control)
             misfit, released_s = _timed_call(self._graph_pool_misfit)
             if misfit is not None:
-                self._decide(candidate, options, kept=False, reason=misfit, background=background)
+                self._decide(candidate, options, kept=False, reason=misfit, **background)
                 return None
         self._last_failure = ""
         self.watch.add_region(candidate.region)
@@ -534,7 +534,7 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s))
+                         **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s))
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -549,7 +549,7 @@ class AutoPlanner(_CompilesRegions):
                 failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
-                         reason=f"failed at run time during its trial, reverted to eager: {failure}", background=background,
+                         reason=f"failed at run time during its trial, reverted to eager: {failure}", **background,
                          setup_s=_setup_s(verdict, released_s))
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
@@ -572,23 +572,25 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s))
+                     **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s))
         return trial_ms if keep else None
 
-    def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, str | None]:
+    def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, dict[str, Any]]:
         """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
-        while training goes on with the plan before it, one batch a ``yield``; returns what the decision
-        says of it (None where background compiles are off). The trial then compiles here, from the
-        cache the child filled, or cold where it could not. Unless asked for always, only a compile long
-        enough to be worth a child's start-up, in a run long enough for the child to finish."""
+        while training goes on with the plan before it, one batch a ``yield``; returns the decision's
+        fields of it: ``background`` (what it says, None where background compiles are off) and
+        ``background_s`` (the child's seconds compiling and checking, None where none finished). The
+        trial then compiles here, from the cache the child filled, or cold where it could not. Unless
+        asked for always, only a compile long enough to be worth a child's start-up, in a run long
+        enough for the child to finish."""
         use, note = self._in_background(region, units)
         if not use:
-            return note
+            return {"background": note}
         held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
         try:
             child = self.background(region.module_names[0], region.modules[0], held, options)
         except Unavailable as why:
-            return f"not prepared in the background: {why}"
+            return {"background": f"not prepared in the background: {why}"}
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
         waiting = f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report was made"
         self.notes.append(waiting)
@@ -600,7 +602,8 @@ class AutoPlanner(_CompilesRegions):
             raise
         self.notes.remove(waiting)
         ok, detail = child.outcome()
-        return f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}"
+        return {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
+                "background_s": child.seconds}
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
@@ -689,7 +692,7 @@ class AutoPlanner(_CompilesRegions):
         misfit, released_s = _timed_call(self._graph_pool_misfit)
         if misfit is not None:
             self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
-                               kept=False, reason=misfit, step=self._batch_index, background=background))
+                               kept=False, reason=misfit, step=self._batch_index, **background))
             return
         saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
         saved_with = {id(r): r.compiled_with for r in kept}
@@ -753,7 +756,7 @@ class AutoPlanner(_CompilesRegions):
                            kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                            speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                            compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                           **self._numerics(verdict), background=background, setup_s=_setup_s(verdict, released_s)))
+                           **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s)))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'

@@ -54,6 +54,7 @@ class Decision:
     verified: bool | None = None  # numerics checked against eager: passed (True), differed (False), or not checked
     compile_cache: str | None = None  # "cold", "warm" or "partly warm ..." (cache_state); None: no cache involved
     background: str | None = None  # "prepared in the background: ..." or why not; None: background compiles off
+    background_s: float | None = None  # a child's seconds compiling and checking it (not in compile_seconds: no stall)
     peak_gb: float | None = None  # the fit's peak allocated memory (GB) when this was decided; None off CUDA
     # Host seconds of the trial's set-up batch (the one that compiles and verifies), by piece: "memory
     # release" before a CUDA-graph trial, verification's stages (verify.VerificationResult.seconds) and

@@ -34,6 +34,8 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     model = FasterCompiled()
     callback, decision = _fit(tmp_path, model)
     assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
+    # Its seconds as a number too (the harness counts them as compiling), as the text says them.
+    assert f" in {decision['background_s']:.1f} s (" in decision["background"]
     # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it.
     assert decision["background"].endswith(f" in all, at niceness {min(19, os.nice(0) + background.CHILD_NICENESS)})"), decision
     assert decision["kept"] and decision["verified"] is True
@@ -70,6 +72,7 @@ def test_a_child_that_fails_leaves_the_trial_to_compile_in_process(tmp_path):
     model = FasterCompiled()
     _, decision = _fit(tmp_path, model, backend=_PARENT_ONLY)
     assert decision["background"].startswith("not prepared in the background: the child failed (exit code 1)")
+    assert decision["background_s"] is None
     assert _PARENT_ONLY in decision["background"]  # the child's own error, named
     assert decision["kept"] and decision["verified"] is True
 

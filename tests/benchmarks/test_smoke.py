@@ -345,6 +345,11 @@ def test_targets_are_judged_on_the_callback_variant():
     assert verdicts["MFU ≥ 45% (6N + attention, 989 TFLOP/s)"] == table.NOT_MET
     assert verdicts["callback never slower than eager"] == table.MET
     assert verdicts["first 1000 steps wall time ≤ best anchor's"] == table.MET
+    # A background child's compiling counts too: 12 s here and 39 s in a child is not "≤ 15 s".
+    records[2]["callback"] = {"decisions": [{"region": "model", "background_s": 39.2}, {"region": "x"}]}
+    verdicts = {v.target: v for v in table.evaluate_targets(_result("gpt2", records))}
+    aim = verdicts["aim: ≥ 1.35× with ≤ 15 s compiling"]
+    assert aim.verdict == table.NOT_MET and aim.measured == "1.366×, 51.2 s (39.2 s of it in a background child)"
 
 
 def test_targets_are_not_measured_without_a_callback_run_and_na_off_gpu():
