@@ -40,7 +40,8 @@ from compile_callback.regions import (
 from compile_callback.report import Decision, cache_state
 from compile_callback.timing import disturbed, lower_quartile, median_noise, paired_speedup
 from compile_callback.verify import (
-    VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory, verify_module,
+    VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory,
+    run_forward_and_backward, verify_module,
 )
 from compile_callback.watch import twin_of
 
@@ -514,7 +515,7 @@ class AutoPlanner(_CompilesRegions):
         interleaved = options.mode != "reduce-overhead"
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released_s = None  # seconds handing eager's cached memory back before a CUDA-graph trial
-        background = yield from self._prepare(candidate.region, options, candidate.units)
+        background, checked = yield from self._prepare(candidate.region, options, candidate.units)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
@@ -527,7 +528,7 @@ class AutoPlanner(_CompilesRegions):
         self.watch.add_region(candidate.region)
         compile_region(candidate.region, options)
         compile_before = self._compile_counts([candidate.region.name])
-        verdict = self._verify(candidate.region)
+        verdict = self._checked_in_child(candidate.region, checked, [candidate.region.name]) or self._verify(candidate.region)
         if verdict.passed:
             # Guarded only after verification, which must see a failing compile as a failure.
             guard_region(candidate.region, self._failed)
@@ -575,22 +576,24 @@ class AutoPlanner(_CompilesRegions):
                      **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s))
         return trial_ms if keep else None
 
-    def _prepare(self, region: Region, options: CompileOptions, units: int) -> Generator[str | None, None, dict[str, Any]]:
+    def _prepare(self, region: Region, options: CompileOptions, units: int
+                 ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None]]:
         """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
         while training goes on with the plan before it, one batch a ``yield``; returns the decision's
         fields of it: ``background`` (what it says, None where background compiles are off) and
-        ``background_s`` (the child's seconds compiling and checking, None where none finished). The
+        ``background_s`` (the child's seconds compiling and checking, None where none finished), and the
+        child's verification (None: none), which :meth:`_checked_in_child` may stand for the trial's. The
         trial then compiles here, from the cache the child filled, or cold where it could not. Unless
         asked for always, only a compile long enough to be worth a child's start-up, in a run long
         enough for the child to finish."""
         use, note = self._in_background(region, units)
         if not use:
-            return {"background": note}
+            return {"background": note}, None
         held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
         try:
             child = self.background(region.module_names[0], region.modules[0], held, options)
         except Unavailable as why:
-            return {"background": f"not prepared in the background: {why}"}
+            return {"background": f"not prepared in the background: {why}"}, None
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
         waiting = f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report was made"
         self.notes.append(waiting)
@@ -602,8 +605,8 @@ class AutoPlanner(_CompilesRegions):
             raise
         self.notes.remove(waiting)
         ok, detail = child.outcome()
-        return {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
-                "background_s": child.seconds}
+        return ({"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
+                 "background_s": child.seconds}, child.checked if ok else None)
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
@@ -686,7 +689,7 @@ class AutoPlanner(_CompilesRegions):
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
         units = sum(c.units for c in self._all_candidates if c.region in kept)
-        background = yield from self._prepare(group, options, units)
+        background, checked = yield from self._prepare(group, options, units)
         control = "trial:reduce-overhead" + CONTROL
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         misfit, released_s = _timed_call(self._graph_pool_misfit)
@@ -699,7 +702,7 @@ class AutoPlanner(_CompilesRegions):
         names = [r.name for r in kept]  # the watch counts compiles by the kept regions' names
         compile_before = self._compile_counts(names)
         compile_region(group, options)
-        verdict = self._verify(group)
+        verdict = self._checked_in_child(group, checked, names) or self._verify(group)
         label = "trial:reduce-overhead"
         keep, survived = False, True
         trial_ms = speedup = low = None
@@ -959,6 +962,31 @@ class AutoPlanner(_CompilesRegions):
                      reason=reason or "skipped: rank 0 judged that the batches left cannot repay a compile")
         return False
 
+    def _checked_in_child(self, region: Region, checked: VerificationResult | None,
+                          names: list[str]) -> VerificationResult | None:
+        """The background child's verification standing for the trial's, where it can: a region of one
+        module (the child compiled and checked just that) whose compile here came whole from the child's
+        cache (the same code; the watch counts it under ``names``). Runs the compiled forward and backward
+        once (loading both); None where the trial must verify itself."""
+        if checked is None or not self.verify or len(region.modules) != 1 or self.profiler is None:
+            return None
+        held = self.profiler.held_input(region.module_names[0])
+        if held is None:
+            return None
+        before = self._compile_counts(names)
+        started = time.perf_counter()
+        # One forward and backward's memory, as a step's: the last step's gradients wait in host memory
+        # beside the new ones (the optimizer's state is a step's too, and parking it took 1.5 s on GPT-2).
+        with in_host_memory(self._between_steps(optimizer=False)):
+            loaded = warm_call(region.modules[0], *held, context=self.context, backward=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        spent = time.perf_counter() - started
+        if not loaded.passed or self._compiled_since(before, names)[1] != "warm":
+            return None  # failed here or compiled anew: verified here as always (a failing compile fails again)
+        return dataclasses.replace(checked, where=f"{checked.where}; verified in the background child",
+                                   seconds={"compiled (from the child's cache)": spent, "verification in all": spent})
+
     def _verify(self, region: Region) -> VerificationResult:
         """Verifies each of ``region``'s modules on its held input; the worst result, with the seconds of
         every module's stages summed and ``"verification in all"``."""
@@ -1003,10 +1031,11 @@ class AutoPlanner(_CompilesRegions):
             release_device_memory()
         return self.agree(graph_pool_misfit(self.activation_bytes(), self.room_bytes()))
 
-    def _between_steps(self) -> list[torch.Tensor]:
-        """What waits between two steps and is not read by verification's runs: the optimizer's state and
-        the last step's gradients (except where a kept CUDA-graph region's pool may own them)."""
-        tensors = list(self.idle_state())
+    def _between_steps(self, *, optimizer: bool = True) -> list[torch.Tensor]:
+        """What waits between two steps and is not read by verification's runs: the optimizer's state
+        (``optimizer``) and the last step's gradients (except where a kept CUDA-graph region's pool may
+        own them)."""
+        tensors = list(self.idle_state()) if optimizer else []
         if not uses_cuda_graphs(self._kept):
             tensors += [p.grad for p in self.root.parameters() if p.grad is not None]
         return tensors
@@ -1126,13 +1155,18 @@ class AutoPlanner(_CompilesRegions):
             yield COMPILED
 
 
-def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, context: Callable[[], Any]) -> VerificationResult:
-    """With verification off, still compile outside the step (so a failing compile reverts, not crashes)."""
+def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, context: Callable[[], Any],
+              backward: bool = False) -> VerificationResult:
+    """With verification off, still compile outside the step (so a failing compile reverts, not crashes);
+    ``backward``: the backward too (verification's forward and backward, results dropped)."""
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
     try:
         # Grad mode on, as in training, so the graph compiled here is the one the steps use.
         with torch.random.fork_rng(devices=cuda_devices(module)), context(), torch.enable_grad():
-            module(*args, **kwargs)
+            if backward:
+                run_forward_and_backward(module, args, kwargs)
+            else:
+                module(*args, **kwargs)
     except Exception as error:
         return VerificationResult(False, float("inf"), 0.0, "compile", f"{type(error).__name__}: {error}")
     finally:

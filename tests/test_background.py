@@ -118,3 +118,42 @@ def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
     assert waited == [0.2] and time.monotonic() - started < 5
     assert not payload.exists() and not log.exists()  # its files are gone all the same
     assert real_wait(timeout=30) is not None  # the kill was sent: the process ends
+
+
+@pytest.mark.slow
+def test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache(tmp_path):
+    # Inductor, its caches in the fit's folder: the child compiles and verifies the whole model there, the
+    # trial's compile comes whole from that cache, and the child's check stands for the trial's (on the
+    # H200 the trial's own took 22 s of stopped training for GPT-2: its fp32 reference 17 s).
+    torch._dynamo.reset()
+    callback = CompileCallback(backend="inductor", background_compile=True, cache_dir=str(tmp_path / "cache"),
+                               eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1)
+    model = FasterCompiled()
+    trainer = make_trainer(tmp_path, [callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert trainer.global_step == STEPS and model.batches_seen == STEPS
+    (decision,) = callback.last_report["decisions"]
+    assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
+    assert decision["compile_cache"] == "warm" and decision["kept"] and decision["verified"] is True
+    assert decision["error_in"].endswith("; verified in the background child"), decision
+    assert set(decision["setup_s"]) == {"compiled (from the child's cache)", "verification in all"}, decision["setup_s"]
+
+
+def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():
+    # torch 2.14: setting a legacy TF32 flag, even to its default, turns fp32_precision "none" into "ieee",
+    # which is in Inductor's cache key: a child that set them compiled a graph the trial then missed.
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision")
+    import contextlib
+
+    before = matmul.fp32_precision
+    settings = background._settings(contextlib.nullcontext, torch.device("cpu"))
+    try:
+        background._apply(settings)
+        assert matmul.fp32_precision == before
+        settings["flags"]["fp32_precision"]["cuda.matmul"] = "ieee"  # a parent that asked for it: carried
+        background._apply(settings)
+        assert matmul.fp32_precision == "ieee"
+    finally:
+        matmul.fp32_precision = before
