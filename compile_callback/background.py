@@ -339,7 +339,7 @@ def _child(path: str, parent: int) -> int:
         print(f"compile failed: {result.error}", flush=True)
         return 1
     checked = {"max_rel_error": result.max_rel_error, "tolerance": result.tolerance, "where": result.where,
-               "error": result.error} if header["verify"] else None
+               "error": result.error, "seconds": result.seconds} if header["verify"] else None
     print(_RESULT + json.dumps({"seconds": time.monotonic() - started, "passed": result.passed, "niceness": niceness,
                                 "checked": checked}), flush=True)
     return 0

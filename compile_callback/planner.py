@@ -985,7 +985,8 @@ class AutoPlanner(_CompilesRegions):
         if not loaded.passed or self._compiled_since(before, names)[1] != "warm":
             return None  # failed here or compiled anew: verified here as always (a failing compile fails again)
         return dataclasses.replace(checked, where=f"{checked.where}; verified in the background child",
-                                   seconds={"compiled (from the child's cache)": spent, "verification in all": spent})
+                                   seconds={"compiled (from the child's cache)": spent, "verification in all": spent,
+                                            **{f"in the child: {stage}": t for stage, t in checked.seconds.items()}})
 
     def _verify(self, region: Region) -> VerificationResult:
         """Verifies each of ``region``'s modules on its held input; the worst result, with the seconds of
