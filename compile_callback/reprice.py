@@ -11,11 +11,7 @@ cycles' spread the uncertainty.
 
 Costs, kept small on purpose: a round's eager steps take longer than the plan's; the next round waits
 until that excess is at most :data:`BUDGET` of the compiled time since (0.5%), and the first waits
-:data:`FIRST_AFTER` batches after the plan froze. A run too short for a second round (its planned
-batches known; the eager baseline and the compiled steps so far give the wait) has its one round late instead, ending
-:data:`END_SHARE` of the run before its end: the figure the run ends with then prices the run's last
-stretch, not its first (on the H200 a ResNet-18 CIFAR round at batch ~560 of 2000 read 2.32x where
-eager and compiled blocks taken in turn after batch 2000 read 2.48x: the host's speed had moved both). Rounds run only where batches come in one shape (a
+:data:`FIRST_AFTER` batches after the plan froze. Rounds run only where batches come in one shape (a
 mix would spread each block; several shapes are priced shape by shape already), and, for a plan of CUDA
 graphs, only where the device has room for eager activations beside the graphs' pool (the memory rule
 of issue 19); otherwise the trials' price stands and the report says why. Under DDP every rank runs the
@@ -35,7 +31,6 @@ BLOCK = 4  # steps per block, the first not timed
 CYCLES = 2  # ABBA cycles per round
 BUDGET = 0.005  # a round's extra time (eager over compiled) as a share of the compiled time until the next
 FIRST_AFTER = 500  # batches after the plan froze before the first round
-END_SHARE = 0.1  # a short run's only round ends this share of the run's batches before its end
 EAGER, COMPILED = "reprice:eager", "reprice:compiled"  # the timer's labels of a round's timed steps
 
 
@@ -71,7 +66,6 @@ class Repricer:
         self._round_start: int | None = None
         self._started = 0  # rounds begun: each round's samples go under labels of their own
         self.skipped: str | None = None  # why rounds stopped (the report's note)
-        self._moved = False  # the first round was considered for a short run's end (late_in_a_short_run)
 
     @property
     def length(self) -> int:
@@ -85,23 +79,6 @@ class Repricer:
     def plan_frozen(self, batch: int) -> None:
         if self.next_at is None:
             self.next_at = batch + self.first_after
-
-    def late_in_a_short_run(self, *, end: int | None, eager_ms: float | None, compiled_ms: float | None) -> None:
-        """At the first round's batch: where the run's planned ``end`` (its batch count) comes before a
-        second round could follow (the wait after a round that prices ``eager_ms`` against
-        ``compiled_ms``, :meth:`wait_after`), the round moves late, ending :data:`END_SHARE` of the run
-        before its end. Only the first round, once."""
-        if self.rounds or self._moved or self.next_at is None or end is None or not eager_ms or not compiled_ms:
-            return
-        self._moved = True
-        if self.next_at + self.length + self.wait_after(eager_ms, compiled_ms) >= end:
-            self.next_at = max(self.next_at, end - self.length - math.ceil(END_SHARE * end))
-
-    def wait_after(self, eager_ms: float, compiled_ms: float) -> int:
-        """Batches the next round waits after one that timed ``eager_ms`` against ``compiled_ms`` (as
-        :meth:`finish` schedules it: the round's excess at :attr:`budget` of the compiled time)."""
-        excess_ms = max(0.0, 2 * CYCLES * (BLOCK - 1) * (eager_ms - compiled_ms))
-        return max(self.first_after, math.ceil(excess_ms / (self.budget * compiled_ms)))
 
     def due(self, batch: int) -> bool:
         """Whether a round would begin at ``batch`` (the run may still stop rounds first)."""

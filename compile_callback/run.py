@@ -558,9 +558,6 @@ class CompileRun:
         if not self.planner.frozen or not self._compiled_now():
             return None
         self.repricer.plan_frozen(self.batch_index)
-        if self.repricer.due(self.batch_index) and not self.repricer.rounds:  # a short run's one round goes late
-            eager_ms, compiled_ms = self._step_ms()
-            self.repricer.late_in_a_short_run(end=self._planned_batches, eager_ms=eager_ms, compiled_ms=compiled_ms)
         if self.repricer.due(self.batch_index):
             why = None
             if self._keys_wanted():

@@ -30,39 +30,6 @@ def test_a_round_runs_abba_blocks_and_waits_its_budget_before_the_next():
     assert not repricer.due(10**6) and repricer.skipped == "no room"
 
 
-def test_a_run_too_short_for_a_second_round_has_its_one_round_late():
-    # Eager 10 ms against compiled 2 ms at a 1% budget: a round's 12 timed eager steps make the next
-    # wait 4800 batches. A run of 1000 batches has room for one round: it ends 10% of the run before
-    # the end (1000 - 100 - its 32 batches), not 10 batches after the plan froze.
-    short = Repricer(first_after=10, budget=0.01)
-    assert short.wait_after(10.0, 2.0) == 4800
-    short.plan_frozen(5)
-    short.late_in_a_short_run(end=1000, eager_ms=10.0, compiled_ms=2.0)
-    assert short.next_at == 1000 - 100 - short.length and not short.due(15)
-    short.late_in_a_short_run(end=10**6, eager_ms=10.0, compiled_ms=2.0)  # once only
-    assert short.next_at == 1000 - 100 - short.length
-    # Long enough for a second round (or of unknown length, or unpriced): the first comes at its usual time.
-    for end, eager_ms in ((15 + short.length + 4800 + 1, 10.0), (None, 10.0), (1000, None)):
-        usual = Repricer(first_after=10, budget=0.01)
-        usual.plan_frozen(5)
-        usual.late_in_a_short_run(end=end, eager_ms=eager_ms, compiled_ms=2.0)
-        assert usual.next_at == 15
-    # Never earlier than the usual time, however short the run.
-    tiny = Repricer(first_after=10, budget=0.01)
-    tiny.plan_frozen(5)
-    tiny.late_in_a_short_run(end=40, eager_ms=10.0, compiled_ms=2.0)
-    assert tiny.next_at == 15
-
-
-def test_a_short_fits_round_prices_its_last_stretch(tmp_path, monkeypatch):
-    monkeypatch.setattr(reprice, "FIRST_AFTER", 5)
-    callback = CompileCallback("model", backend="eager", eager_baseline_steps=2, warmup_steps=1)
-    trainer = make_trainer(tmp_path, [callback], max_steps=100, max_epochs=100, limit_val_batches=0)
-    trainer.fit(FasterCompiled(), loader(batch_size=8))  # eager forwards sleep 100 ms: a round costs ~1.6 s
-    (found,) = callback.run.repricer.rounds
-    assert found.batch == 100 - 10 - 1  # began 10% of the run plus its length before the end, not 5 after the plan froze
-
-
 def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     monkeypatch.setattr(reprice, "FIRST_AFTER", 20)
     model = FasterCompiled()  # eager forwards sleep 100 ms, compiled ones do not
