@@ -66,6 +66,12 @@ def in_fit_speedup(record: dict[str, Any]) -> float | None:
     return (record.get("in_fit_ab") or {}).get("speedup")
 
 
+def in_fit_spread(record: dict[str, Any]) -> tuple[float, float] | None:
+    """The lowest and highest of the in-fit A/B's ABBA cycle speedups; None with fewer than two."""
+    cycles = (record.get("in_fit_ab") or {}).get("cycle_speedups") or []
+    return (min(cycles), max(cycles)) if len(cycles) >= 2 else None
+
+
 def harness_speedup(record: dict[str, Any], baseline: dict[str, Any], *, by_throughput: bool) -> float | None:
     """How much faster ``record`` ran than ``baseline`` by the harness's clocks: median step times, or
     real tokens/s where shapes vary."""
@@ -83,7 +89,8 @@ def telemetry_error(
         ``reported``, ``priced`` (how the callback priced it), ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
         used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); where the variant
         ran an in-fit A/B, the same against it: ``in_fit``, ``in_fit_error``, ``in_fit_passed`` (None
-        without one); None for a variant without a callback.
+        without one) and ``in_fit_cycles`` (its cycles' lowest and highest speedups); None for a variant
+        without a callback.
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":
         return None
@@ -107,6 +114,7 @@ def telemetry_error(
         "in_fit": in_fit,
         "in_fit_error": in_fit_error,
         "in_fit_passed": None if in_fit_error is None else abs(in_fit_error) <= TELEMETRY_TOLERANCE,
+        "in_fit_cycles": in_fit_spread(record),
     }
 
 

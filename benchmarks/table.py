@@ -527,9 +527,15 @@ def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
     so it is only as good as the host: where eager drifted over the run, or wandered within its own
     run (:func:`eager_wander`), it is inconclusive, and an in-fit A/B (eager and compiled blocks in turn
     inside the callback's own fit, which a drift puts on both sides alike) answers alone, saying so.
+    An in-fit A/B whose own ABBA cycles read further apart than the tolerance measured a host that
+    moved within it (session 16: ResNet-18 CIFAR's cycles 2.305x and 2.811x): it answers nothing.
     Otherwise both must pass where both exist."""
     passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")
     unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None
+    cycles = telemetry.get("in_fit_cycles")
+    if in_fit is not None and cycles and cycles[1] > cycles[0] * (1 + checks.TELEMETRY_TOLERANCE):
+        moved = f"in-fit A/B inconclusive (its cycles read {cycles[0]:.3f}-{cycles[1]:.3f}×)"
+        return f"{unsteady or _verdict(passed)}; {moved}"
     if in_fit is None:
         return unsteady or _verdict(passed)
     if unsteady:

@@ -192,6 +192,21 @@ def test_an_in_fit_ab_answers_the_telemetry_verdict_where_the_host_drifted():
     assert "+0.2% (met); in-fit A/B +1.3% (met)" in table.render_table(both)
 
 
+def test_an_in_fit_ab_whose_cycles_disagree_answers_nothing():
+    """Session 16, ResNet-18 CIFAR on the H200: the in-fit A/B's two ABBA cycles read 2.305x and 2.811x
+    (22% apart): the host moved within the A/B itself, so it cannot hold a report to ±5%."""
+    target = "callback `compile/speedup` within ±5% of the harness's A/B"
+    record = _with_in_fit_ab(_callback(23.84, speedup=1.90), 40.0, 24.0)  # in-fit 1.667x: -12%
+    record["in_fit_ab"]["cycle_speedups"] = [1.5, 1.85]
+    result = _run(EAGER, WHOLE_RO, record)
+    assert table.records_by_variant(result)["callback"]["telemetry_error"]["in_fit_cycles"] == (1.5, 1.85)
+    verdict = {v.target: v.verdict for v in table.evaluate_targets(result)}[target]
+    assert verdict == "met; in-fit A/B inconclusive (its cycles read 1.500-1.850×)"  # between variants +0.2%
+    # Cycles within the tolerance of each other: the A/B answers as before.
+    record["in_fit_ab"]["cycle_speedups"] = [1.65, 1.68]
+    assert {v.target: v.verdict for v in table.evaluate_targets(_run(EAGER, WHOLE_RO, record))}[target] == "**not met**"
+
+
 def test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab():
     """Session 9, ResNet-18 CIFAR on the H200: eager's start and end agreed within 1.4%, but its own
     100-step medians ranged 7.0-10.5 ms between them; the A/B between variants read +16.6%, the in-fit
