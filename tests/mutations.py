@@ -422,6 +422,48 @@ MUTATIONS = [
         new="        if self._label != COMPILED:\n            return True\n",
         tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
     ),
+    Mutation(
+        name="the trial re-verifies even where its compile came whole from the child's cache",
+        path="compile_callback/planner.py",
+        old="        if checked is None or not self.verify or len(region.modules) != 1 or self.profiler is None:\n",
+        new="        if True:\n",
+        tests=("tests/test_background.py::test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache",),
+    ),
+    Mutation(
+        name="the child's verification stands even where the trial compiled anew",
+        path="compile_callback/planner.py",
+        old='        if not loaded.passed or self._compiled_since(before, names)[1] != "warm":\n',
+        new="        if not loaded.passed:\n",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
+        name="the child does not carry the parent's fp32_precision (part of Inductor's cache key)",
+        path="compile_callback/background.py",
+        old='    for path, value in flags.get("fp32_precision", {}).items():\n',
+        new='    for path, value in {}.items():\n',
+        tests=("tests/test_background.py::test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it",),
+    ),
+    Mutation(
+        name="a trial's set-up batch is not timed by piece",
+        path="compile_callback/planner.py",
+        old='        seconds["verification in all"] = time.perf_counter() - started\n',
+        new="",
+        tests=("tests/test_stall.py::test_a_trials_set_up_batch_is_timed_by_piece",),
+    ),
+    Mutation(
+        name="an in-fit A/B whose cycles disagree still judges the report",
+        path="benchmarks/table.py",
+        old="    if in_fit is not None and cycles and cycles[1] > cycles[0] * (1 + checks.TELEMETRY_TOLERANCE):\n",
+        new="    if False:\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_nothing",),
+    ),
+    Mutation(
+        name="the gpt2 compiling target leaves out a background child's seconds",
+        path="benchmarks/table.py",
+        old="            compile_s += child_s or 0.0\n",
+        new="            compile_s += 0.0\n",
+        tests=("tests/benchmarks/test_smoke.py::test_targets_are_judged_on_the_callback_variant",),
+    ),
 ]
 
 

@@ -39,6 +39,8 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it.
     assert decision["background"].endswith(f" in all, at niceness {min(19, os.nice(0) + background.CHILD_NICENESS)})"), decision
     assert decision["kept"] and decision["verified"] is True
+    # The "eager" backend fills no Inductor cache, so the trial's compile is not the child's: it verified here.
+    assert not decision["error_in"].endswith("verified in the background child") and "eager" in decision["setup_s"]
     # While the child compiled (a fresh interpreter: seconds), training went on eagerly: each such
     # batch ran the model's Python forward (100 ms of sleep each), far more than the trial's own.
     assert model.eager_forwards > 30
