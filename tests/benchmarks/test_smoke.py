@@ -345,6 +345,11 @@ def test_targets_are_judged_on_the_callback_variant():
     assert verdicts["MFU ≥ 45% (6N + attention, 989 TFLOP/s)"] == table.NOT_MET
     assert verdicts["callback never slower than eager"] == table.MET
     assert verdicts["first 1000 steps wall time ≤ best anchor's"] == table.MET
+    assert verdicts["training loop waits for the compiler ≤ 5 s (cold)"] == "not measured"  # no report
+    stalled = {**records[2], "callback": {"summary": {"stall_s": 5.12}}}
+    stall = {v.target: v for v in table.evaluate_targets(_result("gpt2", [*records[:2], stalled]))}[
+        "training loop waits for the compiler ≤ 5 s (cold)"]
+    assert stall.verdict == table.NOT_MET and stall.measured.startswith("5.1 s")
     # A background child's compiling counts too: 12 s here and 39 s in a child is not "≤ 15 s".
     records[2]["callback"] = {"decisions": [{"region": "model", "background_s": 39.2}, {"region": "x"}]}
     verdicts = {v.target: v for v in table.evaluate_targets(_result("gpt2", records))}
