@@ -106,6 +106,13 @@ _PRICED = {"shape by shape": " (shapes priced one by one)", "trials": " (the pro
            "nothing compiled": " (nothing compiled: the step and eager times beside it are both eager, from different stretches of the run)"}
 
 
+def _priced(summary: dict[str, Any]) -> str:
+    """How the headline speedup was priced, with the batch of a re-measured price."""
+    text = _PRICED.get(summary.get("speedup_priced"), "")
+    at = summary.get("speedup_priced_at_batch")
+    return text[:-1] + f", at batch {at} of {summary.get('batches')})" if text and at is not None else text
+
+
 # The two renderings are long on purpose: each is the report's layout, top to bottom.
 def render_table(report: dict[str, Any]) -> str:
     """A plain-text table for the terminal, printed at the end of fit."""
@@ -113,7 +120,7 @@ def render_table(report: dict[str, Any]) -> str:
     lines = [
         "compile report",
         f"  speedup {_fmt(summary.get('speedup'), '.3f', 'x')}"
-        f"{_PRICED.get(summary.get('speedup_priced'), '')}"
+        f"{_priced(summary)}"
         f"  step {_fmt(summary.get('step_time_ms'), '.2f', ' ms')}"
         f"  eager {_fmt(summary.get('eager_step_time_ms'), '.2f', ' ms')}  compile time "
         f"{_fmt(summary.get('compile_time_s'), '.1f', ' s')} (training stalled {_fmt(summary.get('stall_s'), '.1f', ' s')})"

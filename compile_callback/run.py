@@ -949,6 +949,8 @@ class CompileRun:
             "speedup": speedup,
             "speedup_priced": self._speedup(metrics[telemetry.EAGER_STEP_TIME_MS], metrics[telemetry.STEP_TIME_MS])[1]
             if speedup is not None else None,
+            # The batch a re-measured price was taken at (the round's last): how stale it is on a drifting host.
+            "speedup_priced_at_batch": latest.batch if latest is not None and speedup is not None else None,
             "step_time_ms": metrics[telemetry.STEP_TIME_MS],
             "step_time_p90_ms": compiled.get("p90_ms"),
             "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],

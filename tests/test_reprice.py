@@ -50,7 +50,9 @@ def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     assert summary["recompiles"] == 0  # force_eager compiles nothing
     # Eager: 1 warm-up and 2 baseline steps before the plan, and the round's 4 blocks of 4 steps.
     assert model.eager_forwards == 2 + 16 + 1
-    assert "(eager re-measured beside the plan late in the run)" in render_table(callback.last_report)
+    # When: the round's last batch, of the fit's.
+    assert summary["speedup_priced_at_batch"] == found.batch and found.batch < summary["batches"] == 60
+    assert f"(eager re-measured beside the plan late in the run, at batch {found.batch} of 60)" in render_table(callback.last_report)
 
 
 def test_several_shapes_are_not_repriced(tmp_path, monkeypatch):
