@@ -442,7 +442,7 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
             value = callback.get("mfu") if callback else None
             add(f"MFU ≥ {GPT_MFU:.0%} (6N + attention, 989 TFLOP/s)", _percent(value),
                 None if value is None else value >= GPT_MFU, between_variants=False)
-            stall = ((callback or {}).get("callback") or {}).get("summary", {}).get("stall_s")
+            stall = checks.reported_figures(callback).get("stall_s") if callback else None
             add(f"training loop waits for the compiler ≤ {GPT_STALL_S:.0f} s (cold)",
                 _number(stall, ".1f", " s") + " (the callback's `compile/stall_s`)",
                 None if stall is None else stall <= GPT_STALL_S, between_variants=False)

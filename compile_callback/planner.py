@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
@@ -41,7 +40,7 @@ from compile_callback.report import Decision, cache_state
 from compile_callback.timing import disturbed, lower_quartile, median_noise, paired_speedup
 from compile_callback.verify import (
     VerificationResult, cuda_devices, in_host_memory, release_device_memory, release_host_memory,
-    run_forward_and_backward, verify_module,
+    run_forward_and_backward, timed_stage, verify_module,
 )
 from compile_callback.watch import twin_of
 
@@ -220,15 +219,9 @@ def candidate_block(block: int) -> bool:
     return block % 4 in (0, 3)
 
 
-def _timed_call(call: Callable[[], Any]) -> tuple[Any, float]:
-    """``call()``'s result and the host seconds it took."""
-    started = time.perf_counter()
-    return call(), time.perf_counter() - started
-
-
-def _setup_s(verdict: VerificationResult, released_s: float | None) -> dict[str, float]:
+def _setup_s(verdict: VerificationResult, released: dict[str, float]) -> dict[str, float]:
     """A decision's ``setup_s``: the trial's set-up batch by piece (see :class:`~compile_callback.report.Decision`)."""
-    return {**({"memory release": released_s} if released_s is not None else {}), **verdict.seconds}
+    return {**released, **verdict.seconds}
 
 
 def _retimed(windows: int) -> str:
@@ -514,13 +507,14 @@ class AutoPlanner(_CompilesRegions):
         control = label + CONTROL
         interleaved = options.mode != "reduce-overhead"
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
-        released_s = None  # seconds handing eager's cached memory back before a CUDA-graph trial
+        released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
         background, checked = yield from self._prepare(candidate.region, options, candidate.units)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
             control, windows = yield from self._control_window(control)
-            misfit, released_s = _timed_call(self._graph_pool_misfit)
+            with timed_stage(released, "memory release", self.device):
+                misfit = self._graph_pool_misfit()
             if misfit is not None:
                 self._decide(candidate, options, kept=False, reason=misfit, **background)
                 return None
@@ -535,7 +529,7 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s))
+                         **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released))
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -551,7 +545,7 @@ class AutoPlanner(_CompilesRegions):
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
                          reason=f"failed at run time during its trial, reverted to eager: {failure}", **background,
-                         setup_s=_setup_s(verdict, released_s))
+                         setup_s=_setup_s(verdict, released))
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
@@ -573,7 +567,7 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s))
+                     **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released))
         return trial_ms if keep else None
 
     def _prepare(self, region: Region, options: CompileOptions, units: int
@@ -692,7 +686,9 @@ class AutoPlanner(_CompilesRegions):
         background, checked = yield from self._prepare(group, options, units)
         control = "trial:reduce-overhead" + CONTROL
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
-        misfit, released_s = _timed_call(self._graph_pool_misfit)
+        released: dict[str, float] = {}
+        with timed_stage(released, "memory release", self.device):
+            misfit = self._graph_pool_misfit()
         if misfit is not None:
             self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                kept=False, reason=misfit, step=self._batch_index, **background))
@@ -759,7 +755,7 @@ class AutoPlanner(_CompilesRegions):
                            kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                            speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                            compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                           **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released_s)))
+                           **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released)))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -974,19 +970,17 @@ class AutoPlanner(_CompilesRegions):
         if held is None:
             return None
         before = self._compile_counts(names)
-        started = time.perf_counter()
+        seconds: dict[str, float] = {}
         # One forward and backward's memory, as a step's: the last step's gradients wait in host memory
         # beside the new ones (the optimizer's state is a step's too, and parking it took 1.5 s on GPT-2).
-        with in_host_memory(self._between_steps(optimizer=False)):
+        with timed_stage(seconds, "compiled (from the child's cache)", self.device), \
+                in_host_memory(self._between_steps(optimizer=False)):
             loaded = warm_call(region.modules[0], *held, context=self.context, backward=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        spent = time.perf_counter() - started
         if not loaded.passed or self._compiled_since(before, names)[1] != "warm":
             return None  # failed here or compiled anew: verified here as always (a failing compile fails again)
-        return dataclasses.replace(checked, where=f"{checked.where}; verified in the background child",
-                                   seconds={"compiled (from the child's cache)": spent, "verification in all": spent,
-                                            **{f"in the child: {stage}": t for stage, t in checked.seconds.items()}})
+        seconds["verification in all"] = seconds["compiled (from the child's cache)"]
+        seconds.update({f"in the child: {stage}": t for stage, t in checked.seconds.items()})
+        return dataclasses.replace(checked, where=f"{checked.where}; verified in the background child", seconds=seconds)
 
     def _verify(self, region: Region) -> VerificationResult:
         """Verifies each of ``region``'s modules on its held input; the worst result, with the seconds of
@@ -995,8 +989,8 @@ class AutoPlanner(_CompilesRegions):
         worst = VerificationResult(True, 0.0, self.tolerance or 0.0, "output")
         twin = torch_internals.TwinScope()  # one verification twin for all of the region's modules (verify_module)
         seconds: dict[str, float] = {}
-        started = time.perf_counter()
-        with in_host_memory(self._between_steps()):  # once for all of the region's modules
+        # The state is parked once for all of the region's modules; "verification in all" includes its copies.
+        with timed_stage(seconds, "verification in all", self.device), in_host_memory(self._between_steps()):
             for name, module in zip(region.module_names, region.modules):
                 held = self.profiler.held_input(name)
                 if held is None:
@@ -1013,9 +1007,6 @@ class AutoPlanner(_CompilesRegions):
                     worst = result
                 if not result.passed:
                     break
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the parked state's copies back
-        seconds["verification in all"] = time.perf_counter() - started
         worst = dataclasses.replace(worst, seconds=seconds)
         # Wrong on any rank is wrong: compiled code that differs from eager on one GPU must not train there.
         passed = bool(self.agree_all(worst.passed))

@@ -327,7 +327,7 @@ def cuda_devices(module: nn.Module) -> list[int]:
 
 
 @contextlib.contextmanager
-def _timed(seconds: dict[str, float], stage: str, device: torch.device) -> Iterator[None]:
+def timed_stage(seconds: dict[str, float], stage: str, device: torch.device) -> Iterator[None]:
     """Adds the host seconds of the block to ``seconds[stage]``, the device's queued work included."""
     started = time.perf_counter()
     try:
@@ -451,11 +451,11 @@ def _verify_module(
 
         try:
             # Eager first, its results moved to host memory; then the compiled run, compared where it lies.
-            with _timed(seconds, "eager", device):
+            with timed_stage(seconds, "eager", device):
                 eager_count, eager_grads = run(compiled=False, take_outputs=lambda ts: eager_outputs.extend(_offload(ts)))
                 eager_grads = _offload(eager_grads)
             stage = "compile"
-            with _timed(seconds, "compiled", device):  # its compile included, and the outputs' comparison
+            with timed_stage(seconds, "compiled", device):  # its compile included, and the outputs' comparison
                 count, compiled_grads = run(compiled=True, take_outputs=compare_outputs)
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
@@ -472,7 +472,7 @@ def _verify_module(
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
         grad_labels = [names[i] if i < len(names) else "grad of input" for i in range(len(compiled_grads))]
         labels = ["output"] * count + grad_labels
-        with _timed(seconds, "comparison", device):
+        with timed_stage(seconds, "comparison", device):
             errors = output_errors + _errors(grad_labels, compiled_grads, eager_grads, device)
         worst = max(errors, key=lambda e: (e.error != e.error, e.error), default=TensorError("output", 0.0, 0.0, False))
         failing = [e for e in errors if not e.error <= limit]
@@ -490,13 +490,13 @@ def _verify_module(
         stage = "fp32 reference"
         reference_outputs: list[torch.Tensor] = []
         try:
-            with _timed(seconds, "fp32 reference", device):
+            with timed_stage(seconds, "fp32 reference", device):
                 _, reference_grads = run(compiled=False, fp32=True,
                                          take_outputs=lambda ts: reference_outputs.extend(_offload(ts)))
         except torch.OutOfMemoryError as error:
             return _out_of_memory(limit, stage, error)
         reference = reference_outputs + reference_grads
-    with _timed(seconds, "comparison", device):
+    with timed_stage(seconds, "comparison", device):
         eager_off = _errors(labels, eager_all, reference, device)
         compiled_off = _errors(labels, compiled_all, reference, device)
     failed = further_from_fp32(eager_off, compiled_off, dtype)

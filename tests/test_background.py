@@ -131,9 +131,13 @@ def test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache(
     callback = CompileCallback(backend="inductor", background_compile=True, cache_dir=str(tmp_path / "cache"),
                                eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1)
     model = FasterCompiled()
-    trainer = make_trainer(tmp_path, [callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    # Room for a slow child (an Inductor compile in a fresh interpreter on a loaded 2-core machine): eager
+    # steps sleep 100 ms while it works, the plan's steps after it take milliseconds.
+    steps = 3 * STEPS
+    trainer = make_trainer(tmp_path, [callback], max_steps=steps, max_epochs=100, limit_val_batches=0)
     trainer.fit(model, loader(batch_size=8))
-    assert trainer.global_step == STEPS and model.batches_seen == STEPS
+    assert trainer.global_step == steps and model.batches_seen == steps
+    assert callback.last_report["decisions"], callback.last_report["plan"]["notes"]
     (decision,) = callback.last_report["decisions"]
     assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
     assert decision["compile_cache"] == "warm" and decision["kept"] and decision["verified"] is True
