@@ -132,8 +132,8 @@ MUTATIONS = [
     Mutation(
         name="a module that does not pickle ends the fit instead of compiling in-process",
         path="compile_callback/planner.py",
-        old="        except Unavailable as why:\n            return f\"not prepared in the background: {why}\"\n",
-        new="        except KeyError as why:\n            return f\"not prepared in the background: {why}\"\n",
+        old="        except Unavailable as why:\n            return {\"background\": f\"not prepared in the background: {why}\"}, None\n",
+        new="        except KeyError as why:\n            return {\"background\": f\"not prepared in the background: {why}\"}, None\n",
         tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
     ),
     Mutation(
