@@ -78,6 +78,8 @@ VARIANTS = {
         ),
         Variant("per_block", "Lightning, .compile() of each repeated block", compile="per_block"),
         Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
+        # The background compile wherever one process runs, whatever its pricing says (issue 22's first 1000 steps).
+        Variant("callback_bg", "Lightning, CompileCallback(background_compile=True)", callback={"background_compile": True}),
         # What the anatomy's sampling costs: the same run without it.
         Variant("callback_no_anatomy", "Lightning, CompileCallback(anatomy=False)", callback={"anatomy": False}),
         # The same three with the training loss in the progress bar: a host sync after every batch.

@@ -64,11 +64,24 @@ CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the
 # longer); with a core to spare neither slowed them (the niced compile 13% longer). On the H200 (16 cores,
 # a child's 16 compile workers) eager steps ran 11% slower beside a plain child; niced: not measured yet.
 CHILD_NICENESS = 10
+NICENESS_VARIABLE = "COMPILE_CALLBACK_CHILD_NICENESS"  # overrides CHILD_NICENESS (0: the run's own priority)
 # How long a killed child is waited for. One in an uninterruptible call (the GPU driver) cannot exit until
 # it returns: the fit goes on without it, and the kill takes effect when the call returns.
 KILL_WAIT_S = 10.0
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
 _RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
+
+
+def child_niceness() -> int:
+    """How much below the run's CPU priority the child runs: ``CHILD_NICENESS``, or the environment's
+    ``COMPILE_CALLBACK_CHILD_NICENESS`` (0-19) where set, for hosts whose spare cores make it cost nothing."""
+    value = os.environ.get(NICENESS_VARIABLE, "").strip()
+    if not value:
+        return CHILD_NICENESS
+    if not value.isdigit() or int(value) > 19:
+        raise ValueError(f"{NICENESS_VARIABLE} must be a whole number from 0 (the run's own priority) to 19 "
+                         f"(the lowest); got {value!r}. Unset it for the default, {CHILD_NICENESS}.")
+    return int(value)
 
 
 class Unavailable(Exception):
@@ -92,6 +105,7 @@ def policy(requested: bool | None, *, device: torch.device, world_size: int, opt
             return f"background compile off for backend {backend_name(options.backend)!r}: only Inductor's caches carry a compile over"
         if not torch_internals.fx_graph_cache_on():
             return "background compile off: Inductor's FX-graph cache is off, so a child's compile could not be reused"
+    child_niceness()  # a malformed override stops the fit at its start, not at a trial
     return None
 
 
@@ -170,6 +184,7 @@ class BackgroundCompile:
     time_limit_s: float = CHILD_TIME_LIMIT_S
     seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
+    stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
 
     def done(self) -> bool:
         if self.process.poll() is not None:
@@ -212,6 +227,7 @@ class BackgroundCompile:
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
         niceness = f", at niceness {result['niceness']}" if result.get("niceness") else ""
         self.seconds = result["seconds"]
+        self.stages = result["stages"]
         if result.get("checked"):
             self.checked = VerificationResult(bool(result["passed"]), **result["checked"])
         return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all{niceness})"
@@ -242,7 +258,7 @@ def start(
         if free < need:
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
-              "verify": verify, "tolerance": tolerance, "name": name}
+              "verify": verify, "tolerance": tolerance, "name": name, "niceness": child_niceness()}
     body = io.BytesIO()
     # Modules compiled already (a kept plan tried again with CUDA graphs) are sent as plain modules:
     # the child compiles them as the trial will, and a compiled callable does not pickle.
@@ -266,7 +282,7 @@ def start(
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "compile_callback.background", payload, str(os.getpid())],
+            [sys.executable, "-m", "compile_callback.background", payload, str(os.getpid()), repr(time.time())],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )
     return BackgroundCompile(process, payload, log, time.monotonic())
@@ -288,19 +304,22 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _child(path: str, parent: int) -> int:
-    """The child: load, compile as a trial does, run the verification's runs, say how it went."""
+def _child(path: str, parent: int, spawned: float) -> int:
+    """The child: load, compile as a trial does, run the verification's runs, say how it went, with its
+    seconds by stage (``spawned``: the parent's wall clock when it started the process)."""
     from compile_callback.planner import warm_call
     from compile_callback.profile import _copy
-    from compile_callback.verify import run_forward_and_backward, twin_options, verify_module
+    from compile_callback.verify import run_forward_and_backward, timed_stage, twin_options, verify_module
+
+    stages = {"start-up (interpreter and imports)": time.time() - spawned}
 
     _watch_parent(parent)
-    niceness = None
-    with contextlib.suppress(AttributeError, OSError):  # no os.nice (Windows) or not allowed: as it is
-        niceness = os.nice(CHILD_NICENESS)
     started = time.monotonic()
     with open(path, "rb") as file:
         header = pickle.load(file)
+        niceness = None
+        with contextlib.suppress(AttributeError, OSError):  # no os.nice (Windows) or not allowed: as it is
+            niceness = os.nice(header["niceness"])
         for entry in reversed(header["sys_path"]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
@@ -312,6 +331,7 @@ def _child(path: str, parent: int) -> int:
         torch.cuda.set_device(device)
     module.to(device)
     args, kwargs = _copy((args, kwargs), device)
+    stages["loading (unpickling, to the device)"] = time.monotonic() - started
     autocast = settings["autocast"]
 
     def context() -> Any:
@@ -329,7 +349,7 @@ def _child(path: str, parent: int) -> int:
             # forward and backward (the backward compiles at its first call). Best effort: the run
             # compiles it at its next step either way.
             try:
-                with context():
+                with timed_stage(stages, "the training graph (verified on a twin)", device), context():
                     run_forward_and_backward(module, args, kwargs)
             except Exception as error:
                 print(f"the training graph was not warmed: {type(error).__name__}: {error}", flush=True)
@@ -339,11 +359,11 @@ def _child(path: str, parent: int) -> int:
         print(f"compile failed: {result.error}", flush=True)
         return 1
     checked = {"max_rel_error": result.max_rel_error, "tolerance": result.tolerance, "where": result.where,
-               "error": result.error, "seconds": result.seconds} if header["verify"] else None
+               "error": result.error} if header["verify"] else None
     print(_RESULT + json.dumps({"seconds": time.monotonic() - started, "passed": result.passed, "niceness": niceness,
-                                "checked": checked}), flush=True)
+                                "checked": checked, "stages": {**stages, **result.seconds}}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], int(sys.argv[2])))
+    sys.exit(_child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))

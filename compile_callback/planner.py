@@ -219,9 +219,10 @@ def candidate_block(block: int) -> bool:
     return block % 4 in (0, 3)
 
 
-def _setup_s(verdict: VerificationResult, released: dict[str, float]) -> dict[str, float]:
-    """A decision's ``setup_s``: the trial's set-up batch by piece (see :class:`~compile_callback.report.Decision`)."""
-    return {**released, **verdict.seconds}
+def _setup_s(verdict: VerificationResult, released: dict[str, float], child: dict[str, float]) -> dict[str, float]:
+    """A decision's ``setup_s``: the trial's set-up batch by piece (see :class:`~compile_callback.report.Decision`),
+    then the background child's stages, where one ran (training went on meanwhile)."""
+    return {**released, **verdict.seconds, **{f"in the child: {stage}": t for stage, t in child.items()}}
 
 
 def _retimed(windows: int) -> str:
@@ -509,6 +510,7 @@ class AutoPlanner(_CompilesRegions):
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
         background, checked = yield from self._prepare(candidate.region, options, candidate.units)
+        child_s = background.pop("child_s", {})
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
@@ -529,7 +531,7 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
-                         **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released))
+                         **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released, child_s))
             return None
         for _ in range(self.warmup_steps):
             yield WARMUP
@@ -545,7 +547,7 @@ class AutoPlanner(_CompilesRegions):
             revert_region(candidate.region)
             self._decide(candidate, options, kept=False,
                          reason=f"failed at run time during its trial, reverted to eager: {failure}", **background,
-                         setup_s=_setup_s(verdict, released))
+                         setup_s=_setup_s(verdict, released, child_s))
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
         current_ms = self.timer.median_ms(control, wait=True) or current_ms
@@ -567,7 +569,7 @@ class AutoPlanner(_CompilesRegions):
             )
         self._decide(candidate, options, kept=keep, reason=reason, speedup=speedup, speedup_noise=noise,
                      step_ms=trial_ms, baseline_ms=current_ms, compile_seconds=compile_seconds, compile_cache=compile_cache,
-                     **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released))
+                     **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released, child_s))
         return trial_ms if keep else None
 
     def _prepare(self, region: Region, options: CompileOptions, units: int
@@ -600,7 +602,7 @@ class AutoPlanner(_CompilesRegions):
         self.notes.remove(waiting)
         ok, detail = child.outcome()
         return ({"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
-                 "background_s": child.seconds}, child.checked if ok else None)
+                 "background_s": child.seconds, "child_s": child.stages}, child.checked if ok else None)
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
@@ -684,6 +686,7 @@ class AutoPlanner(_CompilesRegions):
                        modules=[m for r in kept for m in r.modules])
         units = sum(c.units for c in self._all_candidates if c.region in kept)
         background, checked = yield from self._prepare(group, options, units)
+        child_s = background.pop("child_s", {})
         control = "trial:reduce-overhead" + CONTROL
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         released: dict[str, float] = {}
@@ -755,7 +758,7 @@ class AutoPlanner(_CompilesRegions):
                            kept=keep, reason=reason, step=self._batch_index, speedup=speedup,
                            speedup_noise=noise, step_ms=trial_ms, baseline_ms=current_ms,
                            compile_seconds=compile_seconds or None, compile_cache=compile_cache,
-                           **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released)))
+                           **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released, child_s)))
 
     def priced_speedup(self) -> tuple[float, float] | None:
         """The plan's speedup over eager and its relative noise: the product of the kept decisions'
@@ -979,7 +982,6 @@ class AutoPlanner(_CompilesRegions):
         if not loaded.passed or self._compiled_since(before, names)[1] != "warm":
             return None  # failed here or compiled anew: verified here as always (a failing compile fails again)
         seconds["verification in all"] = seconds["compiled (from the child's cache)"]
-        seconds.update({f"in the child: {stage}": t for stage, t in checked.seconds.items()})
         return dataclasses.replace(checked, where=f"{checked.where}; verified in the background child", seconds=seconds)
 
     def _verify(self, region: Region) -> VerificationResult:

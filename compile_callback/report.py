@@ -58,7 +58,9 @@ class Decision:
     peak_gb: float | None = None  # the fit's peak allocated memory (GB) when this was decided; None off CUDA
     # Host seconds of the trial's set-up batch (the one that compiles and verifies), by piece: "memory
     # release" before a CUDA-graph trial, verification's stages (verify.VerificationResult.seconds) and
-    # "verification in all" (parking the optimizer's state and gradients in host memory included).
+    # "verification in all" (parking the optimizer's state and gradients in host memory included); then, where a
+    # background child prepared it, the child's stages ("in the child: start-up (interpreter and imports)",
+    # "... loading (unpickling, to the device)", its verification's stages): spent while training went on.
     setup_s: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:

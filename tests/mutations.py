@@ -41,8 +41,8 @@ MUTATIONS = [
     Mutation(
         name="background-child-not-niced",
         path="compile_callback/background.py",
-        old="        niceness = os.nice(CHILD_NICENESS)\n",
-        new="        niceness = os.nice(0)\n",
+        old="            niceness = os.nice(header[\"niceness\"])\n",
+        new="            niceness = os.nice(0)\n",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(

@@ -38,6 +38,11 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     assert f" in {decision['background_s']:.1f} s (" in decision["background"]
     # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it.
     assert decision["background"].endswith(f" in all, at niceness {min(19, os.nice(0) + background.CHILD_NICENESS)})"), decision
+    # Where the child's time went, though it verified nothing that stands here: each stage, and together no
+    # more than the child's whole life (its start-up counted from the spawn).
+    child = {k.removeprefix("in the child: "): v for k, v in decision["setup_s"].items() if k.startswith("in the child: ")}
+    assert {"start-up (interpreter and imports)", "loading (unpickling, to the device)", "eager", "compiled"} <= set(child)
+    assert all(v > 0 for v in child.values()) and sum(child.values()) <= decision["background_s"] + child["start-up (interpreter and imports)"] + 1.0
     assert decision["kept"] and decision["verified"] is True
     # The "eager" backend fills no Inductor cache, so the trial's compile is not the child's: it verified here.
     assert not decision["error_in"].endswith("verified in the background child") and "eager" in decision["setup_s"]
@@ -145,6 +150,16 @@ def test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache(
     here = {k for k in decision["setup_s"] if not k.startswith("in the child: ")}
     assert here == {"compiled (from the child's cache)", "verification in all"}, decision["setup_s"]
     assert {"in the child: eager", "in the child: compiled"} <= set(decision["setup_s"])  # where the child's time went
+
+
+def test_the_childs_niceness_can_be_set_from_the_environment_and_a_malformed_value_is_named(monkeypatch):
+    monkeypatch.setenv(background.NICENESS_VARIABLE, "0")
+    assert background.child_niceness() == 0
+    monkeypatch.setenv(background.NICENESS_VARIABLE, "high")
+    with pytest.raises(ValueError, match="COMPILE_CALLBACK_CHILD_NICENESS must be a whole number from 0 .* got 'high'"):
+        policy(True, device=torch.device("cpu"), world_size=1, options=CompileOptions())  # at the fit's start
+    monkeypatch.delenv(background.NICENESS_VARIABLE)
+    assert background.child_niceness() == background.CHILD_NICENESS
 
 
 def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():

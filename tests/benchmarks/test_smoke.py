@@ -74,7 +74,8 @@ def test_the_smoke_run_has_every_variant_on_some_workload_and_every_workload_its
     checked_only = set().union(*(VARIANTS[w] for w in CHECK_WORKLOADS)) - set().union(
         *(VARIANTS[w] for w in VARIANTS if w not in CHECK_WORKLOADS))
     assert checked_only == {"whole_ro_fr"}
-    assert set().union(*SMOKE_VARIANTS.values()) == set().union(*VARIANTS.values()) - checked_only
+    # callback_bg: the callback with background_compile=True, whose child outlives a smoke run.
+    assert set().union(*SMOKE_VARIANTS.values()) == set().union(*VARIANTS.values()) - checked_only - {"callback_bg"}
     for workload, names in SMOKE_VARIANTS.items():
         assert set(names) <= set(VARIANTS[workload]), workload
         assert {"eager", "callback", "eager_end"} <= set(names), workload
