@@ -1,0 +1,119 @@
+"""Diagnostic (off-protocol, issue 22): a background compile's child, alone and beside training.
+
+On the H200 (session 17) a child compiling ResNet-50's whole model (CUDA graphs) had not finished after
+65 s beside eager training, where the in-process cold compile took 33 s, and the eager steps beside it ran
+18% slower. This separates the two directions on one workload: the child started as the callback starts
+it (:func:`compile_callback.background.start`, the whole model, the mode given, bf16 autocast, verified),
+each time into an empty Inductor cache folder (Triton's following it), in the phases asked for:
+
+- ``alone``: the child with nothing else on the device; the parent only polls.
+- ``beside:N``: the child at niceness N while the parent trains eagerly (plain loop, fused AdamW, bf16
+  autocast, every step timed with CUDA events), with 50 eager steps before it as the reference.
+
+One JSON line per phase: the child's seconds in all and by stage (its own report), and the eager steps'
+median before and during it.
+
+    python -m benchmarks.diagnostics.child resnet50 --phases beside:10,alone,beside:0 > child.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from benchmarks.workloads import make_workload
+from compile_callback import background
+from compile_callback.regions import CompileOptions
+
+REFERENCE_STEPS = 50
+
+
+def _phase(name: str) -> tuple[str, int | None]:
+    kind, _, niceness = name.partition(":")
+    if kind == "alone" and not niceness:
+        return kind, None
+    if kind == "beside" and niceness.isdigit() and int(niceness) <= 19:
+        return kind, int(niceness)
+    raise argparse.ArgumentTypeError(f"a phase is 'alone' or 'beside:N' (N the child's niceness, 0-19); got {name!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.child")
+    parser.add_argument("workload", help="resnet50, resnet18_cifar, hf_gpt2, timm_vit or hf_bert_mlm")
+    parser.add_argument("--phases", default="beside:10,alone", help="comma-separated: alone, beside:N")
+    parser.add_argument("--mode", default="reduce-overhead", help="the compile mode the child compiles with")
+    parser.add_argument("--child-limit", type=float, default=150.0, help="seconds after which a child is stopped (a failed phase)")
+    parser.add_argument("--cache-root", default=None, help="where the empty cache folders go (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    phases = [_phase(name) for name in args.phases.split(",") if name]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    workload = make_workload(args.workload, smoke=device.type == "cpu", device=device)
+    module = workload.build_module().to(device)
+    optimizer = module.configure_optimizers()
+    batch = {k: v.to(device) for k, v in next(iter(workload.train_loader(1, False))).items()}
+    # What training_step passes to forward (the whole-model candidate's held input), and the step's loss.
+    if hasattr(module, "inputs"):  # the third-party wrapper: forward(x, y) returns the loss
+        inputs = tuple(batch[key] for key in module.inputs)
+    else:  # ImageClassifier: forward(images), the loss outside
+        inputs = (batch["images"],)
+    dtype = torch.bfloat16
+
+    def context():
+        return torch.autocast(device.type, dtype=dtype)
+
+    def step() -> float:
+        if device.type != "cuda":  # a check of the script on CPU
+            started = time.perf_counter()
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        with context():
+            loss = workload.loss(module, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type != "cuda":
+            return (time.perf_counter() - started) * 1e3
+        end.record()
+        end.synchronize()  # one step at a time: the timing, not the throughput, is what is read
+        return start.elapsed_time(end)
+
+    root = args.cache_root or tempfile.mkdtemp(prefix="child-diagnostic-")
+    options = CompileOptions(mode=args.mode)
+    for _ in range(10):
+        step()  # cuDNN's and the allocator's first-call work
+    for kind, niceness in phases:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"{kind}-", dir=root)
+        os.environ.pop("TRITON_CACHE_DIR", None)
+        if niceness is not None:
+            os.environ[background.NICENESS_VARIABLE] = str(niceness)
+        before = [step() for _ in range(REFERENCE_STEPS)] if kind == "beside" else []
+        started = time.monotonic()
+        child = background.start("", module, (inputs, {}), options, context=context, device=device, verify=True,
+                                 tolerance=None)
+        child.time_limit_s = args.child_limit
+        during: list[float] = []
+        while not child.done():
+            if kind == "beside":
+                during.append(step())
+            else:
+                time.sleep(0.05)
+        waited = time.monotonic() - started
+        ok, detail = child.outcome()
+        print(json.dumps({
+            "workload": args.workload, "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
+            "waited_s": waited, "child_s": child.seconds, "stages": child.stages,
+            "eager_before_ms": statistics.median(before) if before else None,
+            "eager_during_ms": statistics.median(during) if during else None, "steps_during": len(during),
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
