@@ -62,7 +62,9 @@ CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the
 # cores training leaves idle and yields the rest. On a 2-core CPU oversubscribed (a test suite beside it),
 # eager steps beside a plain child ran 63-106% slower, beside a niced one -15 to +16% (its compile 1.7-4x
 # longer); with a core to spare neither slowed them (the niced compile 13% longer). On the H200 (16 cores,
-# a child's 16 compile workers) eager steps ran 11% slower beside a plain child; niced: not measured yet.
+# a child's 16 compile workers) eager steps ran 11% slower beside a plain child once (GPT-2, 2026-12-02); in
+# session 17's controlled runs (benchmarks/diagnostics/child.py) neither child slowed them (ResNet-50 29.8 ms,
+# ResNet-18 CIFAR 8.0 ms a step) and niceness barely moved the child (ResNet-50: 70 s at 10, 75 s at 0).
 CHILD_NICENESS = 10
 NICENESS_VARIABLE = "COMPILE_CALLBACK_CHILD_NICENESS"  # overrides CHILD_NICENESS (0: the run's own priority)
 # How long a killed child is waited for. One in an uninterruptible call (the GPU driver) cannot exit until

@@ -165,15 +165,22 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
 
 # Background compiles (compile_callback.background), where chosen rather than asked for: a compile
 # estimated below BACKGROUND_MIN_COMPILE_S stays in-process (it stops training about as briefly as the warm
-# compile would), and a child is started only where the batches left last twice its time. Measured on the
-# H200 (GPT-2 recipe, its blocks, 2026-12-02): the child's start-up (a fresh interpreter importing torch,
-# setting up the device, loading the copy) took 14.7 s and its compile and checks 24.1 s beside the training
-# loop, against 6.8 s for the same compile in-process: CHILD_START_S and CHILD_COMPILE_FACTOR. The trial then
+# compile would), and a child is started only where the batches left last BACKGROUND_RUN_SHARE times its
+# time: the plan it prepares then runs for at least a third of the run left, and the payback rule below
+# judges whether that repays. A shorter run compiles in-process: over the whole run that saves more, though
+# it stops training. Measured on the H200 (torch 2.11, cold caches, 2026-12-03, the whole model with CUDA
+# graphs, benchmarks/diagnostics/child.py): a child's start-up (a fresh interpreter importing torch) took
+# 6-7 s and loading the copy onto the device 4-5 s; compiling and checking took 2.1-2.2x the estimate
+# (ResNet-50, estimated 20.7 s: 44 s, 63-75 s in all; ResNet-18 CIFAR, 9.6 s: 21.5 s, 38.5 s in all; GPT-2,
+# 20.6 s: 43 s, 59 s in all) and a region's small compile more (GPT-2's blocks, 3.15 s: 24 s, 39 s in all):
+# CHILD_START_S (start-up, loading, a fresh process's first compile) and CHILD_COMPILE_FACTOR. Training
+# beside the child ran as fast as alone (ResNet-50 29.8 ms, ResNet-18 CIFAR 8.0 ms a step). The trial then
 # compiled from the warm cache in 1.4 s: a prepared candidate stops training for about WARM_COMPILE_SHARE of
 # its cold compile (GPT-2's whole model 1.4 s of 21 s, a warm restart 2.2 s of 26.8 s).
 BACKGROUND_MIN_COMPILE_S = 2.0
-CHILD_START_S = 15.0
-CHILD_COMPILE_FACTOR = 3.0
+BACKGROUND_RUN_SHARE = 1.5
+CHILD_START_S = 20.0
+CHILD_COMPILE_FACTOR = 2.2
 WARM_COMPILE_SHARE = 0.1
 
 
@@ -188,7 +195,7 @@ def background_pays(estimate_s: float | None, *, left_s: float) -> tuple[bool, s
     (None: nothing worth saying)."""
     if estimate_s is None or estimate_s < BACKGROUND_MIN_COMPILE_S:
         return False, None
-    if left_s < 2 * child_seconds(estimate_s):
+    if left_s < BACKGROUND_RUN_SHARE * child_seconds(estimate_s):
         return False, (f"not prepared in the background: the batches left (~{left_s:.0f} s at eager speed) are too "
                        f"few for a child's ~{child_seconds(estimate_s):.0f} s (start-up and compile) and the trial after it")
     return True, None

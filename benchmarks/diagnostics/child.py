@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-root", default=None, help="where the empty cache folders go (default: a temporary folder)")
     args = parser.parse_args(argv)
     phases = [_phase(name) for name in args.phases.split(",") if name]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     workload = make_workload(args.workload, smoke=device.type == "cpu", device=device)
     module = workload.build_module().to(device)
     optimizer = module.configure_optimizers()
