@@ -492,7 +492,8 @@ def _check_verdicts(
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best]),
                                  ran_earlier=ran_before(order, "callback", [best])) if best else None
     if not set(anchor.get("anchors") or ()) - {"eager"}:
-        passed = None  # beating eager alone says nothing of the compiles it must beat: a run that has them answers
+        # Beating eager alone says nothing of the compiles it must beat: a run that has them answers.
+        passed, unsteady = None, None
     verdicts.append(Verdict(
         workload, f"callback ≥ best of {' / '.join(checks.ANCHORS)} − {checks.ANCHOR_MARGIN:.0%}", measured,
         speed_invalid or unsteady or _verdict(passed)))

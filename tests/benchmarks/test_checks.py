@@ -77,6 +77,10 @@ def test_the_callback_is_held_to_the_best_of_eager_whole_and_whole_ro_minus_two_
     assert verdict.measured == "1.130× of eager (whole / whole_ro not run)"
     # Beating eager alone answers nothing: a run that had a compiled anchor does (best_verdicts).
     assert verdict.verdict == table.NOT_MEASURED
+    # Nor does a drifting host make it a conditional verdict (session 17: "met if the slowdown only grew").
+    drifting = _run(EAGER, _callback(40.0, speedup=1.1), {"variant": "eager_end", "status": "ok", "median_ms": 52.0})
+    verdict = {v.target: v for v in table.evaluate_targets(drifting)}["callback ≥ best of eager / whole / whole_ro − 2%"]
+    assert verdict.verdict == table.NOT_MEASURED
 
 
 def test_memory_limit_uses_the_reported_plan_peak_else_the_same_plan_compiled_whole():
