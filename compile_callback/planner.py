@@ -78,6 +78,11 @@ class Planner(Protocol):
 
     def after_batch(self, batch_index: int, **_: Any) -> None: ...
 
+    def stall_in_batch_s(self) -> float:
+        """Host seconds the planner's own work took inside the batch just run (the profiler holding its
+        inputs), counted once: training waited for it as for the work before a batch."""
+        ...
+
     def close(self) -> None: ...
 
     def recompile(self, region: Region, options: CompileOptions) -> None: ...
@@ -191,6 +196,9 @@ class FixedPlanner(_CompilesRegions):
 
     def after_batch(self, batch_index: int, **_: Any) -> None:
         return None
+
+    def stall_in_batch_s(self) -> float:
+        return 0.0
 
     def close(self) -> None:
         return None
@@ -384,6 +392,7 @@ class AutoPlanner(_CompilesRegions):
         self._script = self._run()
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
+        self._holding_counted = 0.0  # the profiler's holding_s already counted as stalled (stall_in_batch_s)
         self._all_candidates: list[Candidate] = []
         self.weighed: list[dict[str, Any]] = []  # the candidates the order weighed (payback.payback_order)
         self._last_failure = ""
@@ -405,6 +414,12 @@ class AutoPlanner(_CompilesRegions):
     def after_batch(self, batch_index: int, *, host_ms: float | None = None, **_: Any) -> None:
         if self._label == EAGER and host_ms is not None:
             self._host_ms.append(host_ms)
+
+    def stall_in_batch_s(self) -> float:
+        if self.profiler is None:
+            return 0.0
+        holding, self._holding_counted = self.profiler.holding_s - self._holding_counted, self.profiler.holding_s
+        return holding
 
     def close(self) -> None:
         """Ends the script where it stands (fit is over): a trial cut short puts its plan back."""

@@ -162,9 +162,10 @@ class CompileRun:
         self._reprice_stance: Any = None  # force_eager for one batch of a re-pricing round
         # Seconds the training loop waited for compiling and checking (compile/stall_s is their sum), in two
         # parts, and the longest single wait with its batch (the report's summary): the planner's work before
-        # a step (verification, a trial's set-up and compile, a child's start), and steps in which dynamo
-        # compiled, beyond an eager step's median.
-        self._stall_parts = {"before_steps_s": 0.0, "compiling_steps_s": 0.0}
+        # a step (verification, a trial's set-up and compile, a child's start), steps in which dynamo
+        # compiled, beyond an eager step's median, and the planner's work inside a step (the profiler copying
+        # the inputs it holds to host memory).
+        self._stall_parts = {"before_steps_s": 0.0, "compiling_steps_s": 0.0, "holding_inputs_s": 0.0}
         self._longest_stall: tuple[float, int] | None = None
         self._plan_key: dict[str, Any] | None = None
         self._churn_pending: list[ChurnAction] = []  # found on this rank, not yet agreed by every rank
@@ -541,6 +542,9 @@ class CompileRun:
             self._plan_steps = 0  # a new graph (a new shape's, a recompiled region's): its steps are read afresh
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
+        holding = self.planner.stall_in_batch_s()
+        if holding > 0:
+            self._add_stall("holding_inputs_s", holding)
         self.batch_index += 1
         if self.padding is not None and self.padding.edges is not None:
             self._count_padding(batch)

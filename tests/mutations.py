@@ -39,6 +39,20 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="held-input-copies-not-stalled",
+        path="compile_callback/run.py",
+        old="        if holding > 0:\n            self._add_stall(\"holding_inputs_s\", holding)\n",
+        new="",
+        tests=("tests/test_stall.py::test_the_profilers_held_input_copies_count_as_stalled",),
+    ),
+    Mutation(
+        name="held-input-copies-counted-again",
+        path="compile_callback/planner.py",
+        old="        holding, self._holding_counted = self.profiler.holding_s - self._holding_counted, self.profiler.holding_s\n",
+        new="        holding = self.profiler.holding_s\n",
+        tests=("tests/test_stall.py::test_the_profilers_held_input_copies_count_as_stalled",),
+    ),
+    Mutation(
         name="background-child-not-niced",
         path="compile_callback/background.py",
         old="            niceness = os.nice(header[\"niceness\"])\n",

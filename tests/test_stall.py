@@ -68,3 +68,34 @@ def test_a_trials_set_up_batch_is_timed_by_piece(tmp_path):
     assert setup["eager"] + setup["compiled"] + setup["comparison"] <= setup["verification in all"]
     # The set-up batch waited for at least its verification.
     assert setup["verification in all"] <= report["summary"]["longest_stall"]["seconds"]
+
+
+HOLD_S = 0.2
+
+
+def test_the_profilers_held_input_copies_count_as_stalled(tmp_path, monkeypatch):
+    # The profiler copies one input of each candidate to host memory inside a training step (on the H200
+    # ResNet-50's first profiled step took 0.8 s more for it, which compile/stall_s did not count). Each copy
+    # to the host made HOLD_S slower: every one of them is in the stall, in its own part.
+    from compile_callback import profile
+
+    copies = []
+    real_copy = profile._copy
+
+    def slow_copy(value, device):
+        if str(device) == "cpu":
+            copies.append(device)
+            time.sleep(HOLD_S)
+        return real_copy(value, device)
+
+    monkeypatch.setattr(profile, "_copy", slow_copy)
+    callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=0, max_trials=1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=30, limit_val_batches=0)
+    trainer.fit(TinyModel(), loader(batch_size=8))
+    summary = callback.last_report["summary"]
+    assert len(copies) >= 2  # args and kwargs of the root, at least
+    parts = summary["stall_parts_s"]
+    assert len(copies) * HOLD_S <= parts["holding_inputs_s"] < len(copies) * HOLD_S + 0.5, (parts, len(copies))
+    assert sum(parts.values()) == pytest.approx(summary["stall_s"]) and summary["stall_s"] >= len(copies) * HOLD_S
+    # All held in one step, the first profiled one: the longest wait, at that batch.
+    assert summary["longest_stall"]["seconds"] >= len(copies) * HOLD_S and summary["longest_stall"]["batch"] == 0
