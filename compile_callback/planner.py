@@ -606,7 +606,9 @@ class AutoPlanner(_CompilesRegions):
         except Unavailable as why:
             return {"background": f"not prepared in the background: {why}"}, None
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
-        waiting = f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report was made"
+        waiting = (f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report "
+                   "was made; a fit that ends first trains eagerly throughout (`background_compile=False` compiles "
+                   "in-process instead, stopping training while it compiles)")
         self.notes.append(waiting)
         try:
             while not child.done():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import lightning as L
 import pytest
 import torch
 import torch._dynamo
@@ -51,6 +52,36 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     assert model.eager_forwards > 30
     assert not any("compiling in the background" in note for note in callback.last_report["plan"]["notes"])
     assert "; prepared in the background: the child compiled" in render_markdown(callback.last_report)
+
+
+def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_child(tmp_path, monkeypatch):
+    started = []
+    real_start = background.start
+
+    def start(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(background, "start", start)
+    model = FasterCompiled()
+    callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=1)
+    class StopAt12(L.Callback):  # a run planned for STEPS batches, stopped early (early stopping, a time limit)
+        def on_train_batch_end(self, trainer, *args):
+            trainer.should_stop = trainer.global_step >= 12
+
+    # 12 batches of 100 ms: the fit ends long before a fresh interpreter has even imported torch.
+    trainer = make_trainer(tmp_path, [callback, StopAt12()], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert trainer.global_step == 12 and model.eager_forwards >= 12  # every batch trained, eagerly
+    report = callback.last_report
+    assert report["decisions"] == [] and report["summary"]["graphs"] == 0
+    note = next(n for n in report["plan"]["notes"] if "was compiling in the background" in n)
+    assert "`background_compile=False` compiles in-process instead" in note
+    # The child was stopped at the fit's end and its files removed.
+    [child] = started
+    assert child.process.poll() is not None
+    assert not os.path.exists(child.payload) and not os.path.exists(child.log)
 
 
 class Unpicklable(FasterCompiled):
