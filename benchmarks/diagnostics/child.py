@@ -11,9 +11,12 @@ each time into an empty Inductor cache folder (Triton's following it), in the ph
   autocast, every step timed with CUDA events), with 50 eager steps before it as the reference.
 
 One JSON line per phase: the child's seconds in all and by stage (its own report), and the eager steps'
-median before and during it.
+median and mean before and during it, and their wall time per step. Session 17's runs synchronized every
+step and left cuDNN's benchmark off, where the harness's Lightning loop runs ahead and its Trainer sets
+``benchmark=True`` (which the child copies): ``--async-steps`` and ``--cudnn-benchmark`` run it so.
 
     python -m benchmarks.diagnostics.child resnet50 --phases beside:10,alone,beside:0 > child.jsonl
+    python -m benchmarks.diagnostics.child resnet50 --phases beside:10 --async-steps --cudnn-benchmark
 """
 
 from __future__ import annotations
@@ -50,9 +53,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--phases", default="beside:10,alone", help="comma-separated: alone, beside:N")
     parser.add_argument("--mode", default="reduce-overhead", help="the compile mode the child compiles with")
     parser.add_argument("--child-limit", type=float, default=150.0, help="seconds after which a child is stopped (a failed phase)")
+    parser.add_argument("--async-steps", action="store_true",
+                        help="steps without a sync (as Lightning's loop): only the wall time per step is read")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="torch.backends.cudnn.benchmark=True, as the harness's Trainer(benchmark=True) sets it (the child copies it)")
     parser.add_argument("--cache-root", default=None, help="where the empty cache folders go (default: a temporary folder)")
     args = parser.parse_args(argv)
     phases = [_phase(name) for name in args.phases.split(",") if name]
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     workload = make_workload(args.workload, smoke=device.type == "cpu", device=device)
     module = workload.build_module().to(device)
@@ -68,7 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     def context():
         return torch.autocast(device.type, dtype=dtype)
 
-    def step() -> float:
+    def step() -> float | None:
+        if args.async_steps and device.type == "cuda":  # as Lightning's loop runs: no sync, the host runs ahead
+            with context():
+                loss = workload.loss(module, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return None
         if device.type != "cuda":  # a check of the script on CPU
             started = time.perf_counter()
         else:
@@ -94,24 +109,39 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.pop("TRITON_CACHE_DIR", None)
         if niceness is not None:
             os.environ[background.NICENESS_VARIABLE] = str(niceness)
+        wall = time.perf_counter()
         before = [step() for _ in range(REFERENCE_STEPS)] if kind == "beside" else []
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        before_wall_ms = (time.perf_counter() - wall) * 1e3 / REFERENCE_STEPS
         started = time.monotonic()
         child = background.start("", module, (inputs, {}), options, context=context, device=device, verify=True,
                                  tolerance=None)
         child.time_limit_s = args.child_limit
-        during: list[float] = []
+        during: list[float | None] = []
+        child_steps = [0]
         while not child.done():
             if kind == "beside":
                 during.append(step())
+                child_steps[0] += 1
             else:
                 time.sleep(0.05)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         waited = time.monotonic() - started
         ok, detail = child.outcome()
+        before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
             "workload": args.workload, "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
             "waited_s": waited, "child_s": child.seconds, "stages": child.stages,
             "eager_before_ms": statistics.median(before) if before else None,
-            "eager_during_ms": statistics.median(during) if during else None, "steps_during": len(during),
+            "eager_during_ms": statistics.median(during) if during else None, "steps_during": child_steps[0],
+            # The mean too: a child that stalls the loop now and then moves the wall time, not the median.
+            "eager_before_mean_ms": statistics.fmean(before) if before else None,
+            "eager_during_mean_ms": statistics.fmean(during) if during else None,
+            # Wall time per step (host gaps included; the only figure with --async-steps).
+            "before_wall_ms_per_step": before_wall_ms if kind == "beside" else None,
+            "during_wall_ms_per_step": waited * 1e3 / steps if kind == "beside" and (steps := child_steps[0]) else None,
         }), flush=True)
 
 
