@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import os
 import pickle
@@ -261,23 +260,25 @@ def start(
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
               "verify": verify, "tolerance": tolerance, "name": name, "niceness": child_niceness()}
-    body = io.BytesIO()
     # Modules compiled already (a kept plan tried again with CUDA graphs) are sent as plain modules:
     # the child compiles them as the trial will, and a compiled callable does not pickle.
     compiled = {m: torch_internals.compiled_call(m) for m in module.modules() if torch_internals.compiled_call(m) is not None}
+    # Straight into the file (training waits for this): through a buffer first, GPT-2-sized weights took
+    # 0.3-0.8 s on a CPU where this takes 0.15-0.19 s, and held twice their size in host memory.
+    handle, payload = tempfile.mkstemp(prefix="compile-callback-", suffix=".pkl")
     try:
-        for child in compiled:
-            torch_internals.restore_compiled_call(child, None)
-        pickle.dump((module, held), body)  # plain pickle: tensors are copied (CUDA IPC would share them)
+        with os.fdopen(handle, "wb") as file:
+            pickle.dump(header, file)
+            for child in compiled:
+                torch_internals.restore_compiled_call(child, None)
+            # Plain pickle: tensors are copied (CUDA IPC would share them).
+            pickle.dump((module, held), file, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # whatever a module holds may refuse: a lambda, a lock, an open file
+        os.remove(payload)
         raise Unavailable(f"the module does not pickle ({torch_internals.describe_error(error)[:200]})") from error
     finally:
         for child, call in compiled.items():
             torch_internals.restore_compiled_call(child, call)
-    handle, payload = tempfile.mkstemp(prefix="compile-callback-", suffix=".pkl")
-    with os.fdopen(handle, "wb") as file:
-        pickle.dump(header, file)
-        file.write(body.getvalue())
     handle, log = tempfile.mkstemp(prefix="compile-callback-", suffix=".log")
     os.close(handle)
     env = dict(os.environ)

@@ -39,6 +39,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="unpicklable-payload-left-behind",
+        path="compile_callback/background.py",
+        old="        os.remove(payload)\n        raise Unavailable(",
+        new="        raise Unavailable(",
+        tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
+    ),
+    Mutation(
         name="held-input-copies-not-stalled",
         path="compile_callback/run.py",
         old="        if holding > 0:\n            self._add_stall(\"holding_inputs_s\", holding)\n",

@@ -90,10 +90,15 @@ class Unpicklable(FasterCompiled):
         self.scale = lambda x: x  # a lambda does not pickle: the child cannot get the module
 
 
-def test_a_module_that_does_not_pickle_is_compiled_in_process(tmp_path):
+def test_a_module_that_does_not_pickle_is_compiled_in_process(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the child's payload would go
+    os.makedirs(tempfile.tempdir)
     _, decision = _fit(tmp_path, Unpicklable())
     assert decision["background"].startswith("not prepared in the background: the module does not pickle")
     assert decision["kept"]  # the trial went on as without a background compile
+    assert not any(name.startswith("compile-callback-") for name in os.listdir(tempfile.tempdir))  # no half-written payload
 
 
 _PARENT_ONLY = "compile_callback_test_parent_only"
