@@ -30,9 +30,12 @@ report's decision: a module or input that does not pickle, too little free devic
 copy of the step (the child needs about what the eager step needed), a child that fails or runs past
 its time limit, a compile the cache did not serve (the decision's cache state says ``cold``). It is on
 by default (``background_compile=None``) only where it can pay: one process on a CUDA device, an
-Inductor backend given by name, Inductor's FX-graph cache on. Under DDP each rank would compile the
-same graph in a child of its own at once, which the shared cache does not need; that is not built, so
-distributed runs compile in-process as before.
+Inductor backend given by name, Inductor's FX-graph cache on. Several processes (DDP) use it only where
+asked for (``background_compile=True``): rank 0 alone starts a child (every rank would compile the same
+graph into the same cache), the ranks agree every ``POLL_EVERY`` batches whether it is done, and then each
+rank compiles from the cache on its host, served where its compile's key matches rank 0's (a rank on
+another node, or one whose device enters the key, compiles cold: its cache column says so). The child's
+verification stands for no rank there: each rank verifies its own compile on its own batch, as always.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ NICENESS_VARIABLE = "COMPILE_CALLBACK_CHILD_NICENESS"  # overrides CHILD_NICENES
 # it returns: the fit goes on without it, and the kill takes effect when the call returns.
 KILL_WAIT_S = 10.0
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
+POLL_EVERY = 10  # batches between the ranks' agreements on whether rank 0's child is done (one process: every batch)
 _RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
 
 
@@ -95,8 +99,9 @@ def policy(requested: bool | None, *, device: torch.device, world_size: int, opt
     ``requested``: the user's ``background_compile`` (None: where it can pay, see the module's text)."""
     if requested is False:
         return "background compile off (background_compile=False)"
-    if world_size > 1:
-        return f"background compile not built for {world_size} processes: each rank compiles in-process"
+    if world_size > 1 and requested is None:
+        return (f"background compile off by default for {world_size} processes (background_compile=True: rank 0's "
+                "child fills the cache every rank compiles from; on several GPUs not measured yet)")
     if not isinstance(options.backend, str):
         return "background compile needs a backend given by name: a callable cannot be sent to a child process"
     if requested is None:

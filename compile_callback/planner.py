@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
-from compile_callback.background import BackgroundCompile, Unavailable
+from compile_callback.background import POLL_EVERY, BackgroundCompile, Unavailable
 from compile_callback.memory import GB, graph_pool_misfit
 from compile_callback.payback import (
     CompileCosts, Priced, after_background, background_pays, compile_units, graph_trial_unpaid, payback_order,
@@ -323,6 +323,8 @@ class AutoPlanner(_CompilesRegions):
             training goes on (:mod:`compile_callback.background`); None: trials compile in-process.
         background_always: use ``background`` for every candidate; else where it pays
             (:func:`~compile_callback.payback.background_pays`).
+        processes: the ranks (collectives through ``agree``); with several, only rank 0 starts children.
+        leads: whether this process is rank 0.
     """
 
     # Long on purpose: the planner's settings and the per-fit state it starts from, listed once.
@@ -352,6 +354,8 @@ class AutoPlanner(_CompilesRegions):
         peak_bytes: Callable[[], int | None] = lambda: None,
         background: Callable[[str, nn.Module, Any, CompileOptions], BackgroundCompile] | None = None,
         background_always: bool = False,
+        processes: int = 1,
+        leads: bool = True,
     ) -> None:
         self.root = root
         self.options = options
@@ -377,6 +381,9 @@ class AutoPlanner(_CompilesRegions):
         # (name, module, held input, options) -> a child compiling it (compile_callback.background), or None: off.
         self.background = background
         self.background_always = background_always  # asked for (True), not chosen where it pays (None)
+        self.processes = processes  # the ranks (1: one process)
+        self.leads = leads  # rank 0: starts the background children, whose outcome every rank agrees on
+        self.children_started = 0
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
@@ -591,35 +598,52 @@ class AutoPlanner(_CompilesRegions):
                  ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None]]:
         """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
         while training goes on with the plan before it, one batch a ``yield``; returns the decision's
-        fields of it: ``background`` (what it says, None where background compiles are off) and
-        ``background_s`` (the child's seconds compiling and checking, None where none finished), and the
-        child's verification (None: none), which :meth:`_checked_in_child` may stand for the trial's. The
-        trial then compiles here, from the cache the child filled, or cold where it could not. Unless
-        asked for always, only a compile long enough to be worth a child's start-up, in a run long
-        enough for the child to finish."""
-        use, note = self._in_background(region, units)
+        fields of it: ``background`` (what it says, None where background compiles are off),
+        ``background_s`` (the child's seconds compiling and checking, None where none finished) and
+        ``child_s`` (its seconds by stage), and the child's verification (None: none), which
+        :meth:`_checked_in_child` may stand for the trial's. The trial then compiles here, from the cache
+        the child filled, or cold where it could not. Unless asked for always, only a compile long enough
+        to be worth a child's start-up, in a run long enough for the child to finish. With several
+        processes rank 0 alone starts the child and every rank follows its outcome; its verification
+        stands for none (each rank verifies its own compile on its own batch)."""
+        use, note = self.agree(self._in_background(region, units))
         if not use:
             return {"background": note}, None
-        held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
-        try:
-            child = self.background(region.module_names[0], region.modules[0], held, options)
-        except Unavailable as why:
-            return {"background": f"not prepared in the background: {why}"}, None
+        child, why = None, None
+        if self.leads:
+            held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
+            try:
+                child = self.background(region.module_names[0], region.modules[0], held, options)
+                self.children_started += 1
+            except Unavailable as error:
+                why = f"not prepared in the background: {error}"
+        why = self.agree(why)
+        if why is not None:
+            return {"background": why}, None
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
         waiting = (f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report "
                    "was made; a fit that ends first trains eagerly throughout (`background_compile=False` compiles "
                    "in-process instead, stopping training while it compiles)")
         self.notes.append(waiting)
+        every = 1 if self.processes == 1 else POLL_EVERY  # a collective each time: not every batch under DDP
         try:
-            while not child.done():
+            batches = 0
+            while batches % every or not self.agree(child.done() if child is not None else False):
+                batches += 1
                 yield WARMUP
         except GeneratorExit:  # the fit ended while the child compiled: not tried
-            child.discard()
+            if child is not None:
+                child.discard()
             raise
         self.notes.remove(waiting)
-        ok, detail = child.outcome()
-        return ({"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
-                 "background_s": child.seconds, "child_s": child.stages}, child.checked if ok else None)
+        outcome = None
+        if child is not None:
+            ok, detail = child.outcome()
+            outcome = (ok, detail, child.seconds, child.stages)
+        ok, detail, seconds, stages = self.agree(outcome)
+        fields = {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
+                  "background_s": seconds, "child_s": stages}
+        return fields, child.checked if ok and child is not None and self.processes == 1 else None
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""

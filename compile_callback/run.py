@@ -318,6 +318,8 @@ class CompileRun:
                     tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations,
                 ),
                 background_always=config.background_compile is True,
+                processes=env.world_size if env.multi_process else 1,
+                leads=env.is_global_zero,
             )
             if background_off and (config.background_compile or device.type == "cuda"):
                 self.planner.notes.append(background_off)

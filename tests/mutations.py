@@ -39,6 +39,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="every-rank-starts-a-child",
+        path="compile_callback/run.py",
+        old="                leads=env.is_global_zero,\n",
+        new="                leads=True,\n",
+        tests=("tests/test_ddp.py::test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank",),
+    ),
+    Mutation(
         name="unpicklable-payload-left-behind",
         path="compile_callback/background.py",
         old="        os.remove(payload)\n        raise Unavailable(",

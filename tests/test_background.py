@@ -126,7 +126,8 @@ def test_where_background_compiles_are_on():
     assert "off on CPU" in policy(None, device=cpu, world_size=1, options=inductor)
     assert policy(True, device=cpu, world_size=1, options=inductor) is None  # asked for: CPU too
     assert "(background_compile=False)" in policy(False, device=cuda, world_size=1, options=inductor)
-    assert "2 processes" in policy(True, device=cuda, world_size=2, options=inductor)
+    assert "off by default for 2 processes" in policy(None, device=cuda, world_size=2, options=inductor)
+    assert policy(True, device=cuda, world_size=2, options=inductor) is None  # asked for: rank 0's child
     assert "backend given by name" in policy(True, device=cuda, world_size=1, options=CompileOptions(backend=_parent_only))
     assert "'eager'" in policy(None, device=cuda, world_size=1, options=CompileOptions(backend="eager"))
     with pytest.raises(ValueError, match="`background_compile` must be True, False or None"):

@@ -272,3 +272,38 @@ def test_churn_on_one_rank_is_agreed_within_the_epoch_reverts_everywhere_and_is_
     assert f"recompiles: rank 0 {recompiles[0]}, rank 1 {recompiles[1]}" in note
     assert reports[0]["parameters"] == reports[1]["parameters"]  # the ranks trained on together
     assert plans[0]["head_weight_sum"] == pytest.approx(plans[1]["head_weight_sum"])
+
+
+class RecordBackground(Callback):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_fit_end(self, trainer, pl_module):
+        compile_callback = next(c for c in trainer.callbacks if isinstance(c, CompileCallback))
+        planner = compile_callback.run.planner
+        record = {"decisions": [(d.region, d.kept, d.background) for d in planner.decisions],
+                  "children_started": planner.children_started, "parameters": parameter_checksum(pl_module),
+                  "global_step": trainer.global_step}
+        with open(f"{self.directory}/background{trainer.global_rank}.json", "w") as handle:
+            json.dump(record, handle)
+
+
+@pytest.mark.slow
+def test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank(tmp_path):
+    from tests.conftest import FasterCompiled
+
+    steps = 200
+    callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=1)
+    trainer = make_trainer(tmp_path, [callback, RecordBackground(str(tmp_path))], accelerator="cpu", devices=2,
+                           strategy="ddp_spawn", max_steps=steps, max_epochs=100, limit_val_batches=0)
+    trainer.fit(FasterCompiled(), loader(batch_size=8))
+    rank0, rank1 = (json.loads((tmp_path / f"background{rank}.json").read_text()) for rank in (0, 1))
+    # One child, rank 0's; its outcome is every rank's: the same decision, kept on both.
+    assert (rank0["children_started"], rank1["children_started"]) == (1, 0)
+    assert rank0["decisions"] == rank1["decisions"] and len(rank0["decisions"]) == 1
+    region, kept, background = rank0["decisions"][0]
+    assert region == "model" and kept, rank0["decisions"]
+    assert background.startswith("prepared in the background: the child compiled and checked it in"), background
+    assert rank0["global_step"] == rank1["global_step"] == steps  # no batch lost while the ranks waited
+    assert rank0["parameters"] == pytest.approx(rank1["parameters"])  # the ranks trained as one
