@@ -170,12 +170,19 @@ def render_table(report: dict[str, Any]) -> str:
         lines.append(f"  graph break x{item['count']} in {item['region']}: {item['reason']}")
     for row in report.get("ranks") or []:
         lines.append("  rank {rank}: graphs {graphs}  graph breaks {graph_breaks}  recompiles {recompiles}  "
-                     "eager fallbacks {eager_fallbacks}  DDP pieces {ddp_pieces}".format(**row))
+                     "eager fallbacks {eager_fallbacks}  DDP pieces {ddp_pieces}".format(**row) + _child_caches(row, "  "))
     for note in (report.get("plan") or {}).get("notes", []):
         lines.append(f"  note: {note}")
     for suggestion in report.get("suggestions", []):
         lines.append(f"  suggestion: {suggestion}")
     return "\n".join(lines)
+
+
+def _child_caches(row: dict[str, Any], lead: str) -> str:
+    """A rank's compiles of background-prepared candidates, each with its cache state ("warm": served by
+    rank 0's child; "no cache": a backend that keeps none), or "" where none."""
+    caches = row.get("background_caches") or {}
+    return "".join(f"{lead}`{region}` {state or 'no cache'}" for region, state in caches.items())
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -226,10 +233,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += [f"| `{c['region']}` | {c['count']} | {c['reason']} |" for c in report["graph_break_reasons"]]
         out.append("")
     if report.get("ranks"):
-        out += ["### Ranks", "", "| rank | graphs | graph breaks | recompiles | eager fallbacks | DDP pieces |",
-                "|---|---|---|---|---|---|"]
+        child = any(row.get("background_caches") for row in report["ranks"])
+        out += ["### Ranks", "", "| rank | graphs | graph breaks | recompiles | eager fallbacks | DDP pieces |"
+                + (" compiled after rank 0's background child (cache) |" if child else ""),
+                "|---|---|---|---|---|---|" + ("---|" if child else "")]
         out += ["| {rank} | {graphs} | {graph_breaks} | {recompiles} | {eager_fallbacks} | {ddp_pieces} |".format(**row)
-                for row in report["ranks"]]
+                + (f"{_child_caches(row, ' ')} |" if child else "") for row in report["ranks"]]
         out.append("")
     notes = (report.get("plan") or {}).get("notes", [])
     if notes:

@@ -135,7 +135,7 @@ class CompileRun:
         self.timer: StepTimer | None = None
         self.churn: ChurnPolicy | None = None
         self.batch_index = 0
-        self.ranks: list[dict[str, int]] | None = None
+        self.ranks: list[dict[str, Any]] | None = None
         self._rank_note: str | None = None
         self._label: str | None = None
         self._on_gpu = False
@@ -1039,14 +1039,18 @@ class CompileRun:
             self._save_cached_plan()
         return self.build_report()
 
-    def _gather_rank_counts(self) -> list[dict[str, int]]:
+    def _gather_rank_counts(self) -> list[dict[str, Any]]:
         """Each rank's :data:`RANK_COUNTS` for this fit, in rank order: decisions are agreed, but what
         dynamo does on each rank is its own."""
         assert self.watch is not None
         self.watch.collect()
         totals = self.watch.totals()
         # This fit's own: a resumed run's loaded counts are rank 0's (every rank loads its checkpoint).
-        mine = {key: int(totals[key] - self._totals_at_start.get(key, 0)) for key in RANK_COUNTS}
+        mine: dict[str, Any] = {key: int(totals[key] - self._totals_at_start.get(key, 0)) for key in RANK_COUNTS}
+        # Which rank compiled a background-prepared candidate from rank 0's cache ("warm") and which did not:
+        # the decision is agreed, each rank's compile its own (a rank whose device enters the key misses).
+        mine["background_caches"] = {d.region: d.compile_cache for d in getattr(self.planner, "decisions", [])
+                                     if (d.background or "").startswith("prepared in the background")}
         ranks = [{"rank": rank, **counts} for rank, counts in enumerate(self.env.from_every_rank(mine))]
         differ = [key for key in RANK_COUNTS if len({r[key] for r in ranks}) > 1]
         if differ:

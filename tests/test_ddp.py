@@ -283,7 +283,8 @@ class RecordBackground(Callback):
         planner = compile_callback.run.planner
         record = {"decisions": [(d.region, d.kept, d.background) for d in planner.decisions],
                   "children_started": planner.children_started, "parameters": parameter_checksum(pl_module),
-                  "global_step": trainer.global_step}
+                  "global_step": trainer.global_step, "ranks": compile_callback.last_report["ranks"],
+                  "markdown": render_markdown(compile_callback.last_report)}
         with open(f"{self.directory}/background{trainer.global_rank}.json", "w") as handle:
             json.dump(record, handle)
 
@@ -307,3 +308,8 @@ def test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank(tmp_path
     assert background.startswith("prepared in the background: the child compiled and checked it in"), background
     assert rank0["global_step"] == rank1["global_step"] == steps  # no batch lost while the ranks waited
     assert rank0["parameters"] == pytest.approx(rank1["parameters"])  # the ranks trained as one
+    # Each rank's own compile of it, said per rank: here no cache at all (the "eager" backend keeps none; on
+    # GPUs "warm" where rank 0's cache served the rank, "cold" where its key differed).
+    assert [row["background_caches"] for row in rank0["ranks"]] == [{"model": None}, {"model": None}]
+    assert "compiled after rank 0's background child (cache) |" in rank0["markdown"]
+    assert "| 1 | 1 | 0 | 0 | 0 | 0 | `model` no cache |" in rank0["markdown"], rank0["markdown"]
