@@ -31,11 +31,11 @@ copy of the step (the child needs about what the eager step needed), a child tha
 its time limit, a compile the cache did not serve (the decision's cache state says ``cold``). It is on
 by default (``background_compile=None``) only where it can pay: one process on a CUDA device, an
 Inductor backend given by name, Inductor's FX-graph cache on. Several processes (DDP) use it only where
-asked for (``background_compile=True``): rank 0 alone starts a child (every rank would compile the same
-graph into the same cache), the ranks agree every ``POLL_EVERY`` batches whether it is done, and then each
-rank compiles from the cache on its host, served where its compile's key matches rank 0's (a rank on
-another node, or one whose device enters the key, compiles cold: its cache column says so). The child's
-verification stands for no rank there: each rank verifies its own compile on its own batch, as always.
+asked for (``background_compile=True``). Inductor's cache key holds the inputs' device, so ranks on
+distinct GPUs each start a child for their own device, and ranks that share one (CPU processes) leave it
+to rank 0's; the ranks agree every ``POLL_EVERY`` batches whether every child is done, then each compiles
+from its host's cache (a rank whose key no child filled compiles cold: its cache state says so). No
+child's verification stands there: each rank verifies its own compile on its own batch, as always.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def policy(requested: bool | None, *, device: torch.device, world_size: int, opt
     if requested is False:
         return "background compile off (background_compile=False)"
     if world_size > 1 and requested is None:
-        return (f"background compile off by default for {world_size} processes (background_compile=True: rank 0's "
-                "child fills the cache every rank compiles from; on several GPUs not measured yet)")
+        return (f"background compile off by default for {world_size} processes (background_compile=True: a child "
+                "per GPU, or rank 0's where the ranks share a device; on several GPUs not measured yet)")
     if not isinstance(options.backend, str):
         return "background compile needs a backend given by name: a callable cannot be sent to a child process"
     if requested is None:

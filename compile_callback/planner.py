@@ -324,7 +324,8 @@ class AutoPlanner(_CompilesRegions):
         background_always: use ``background`` for every candidate; else where it pays
             (:func:`~compile_callback.payback.background_pays`).
         processes: the ranks (collectives through ``agree``); with several, only rank 0 starts children.
-        leads: whether this process is rank 0.
+        rank_zero: whether this process is rank 0 (it starts background children; a rank on another
+            device than rank 0's starts its own, as Inductor's cache key holds the inputs' device).
     """
 
     # Long on purpose: the planner's settings and the per-fit state it starts from, listed once.
@@ -355,7 +356,7 @@ class AutoPlanner(_CompilesRegions):
         background: Callable[[str, nn.Module, Any, CompileOptions], BackgroundCompile] | None = None,
         background_always: bool = False,
         processes: int = 1,
-        leads: bool = True,
+        rank_zero: bool = True,
     ) -> None:
         self.root = root
         self.options = options
@@ -382,7 +383,7 @@ class AutoPlanner(_CompilesRegions):
         self.background = background
         self.background_always = background_always  # asked for (True), not chosen where it pays (None)
         self.processes = processes  # the ranks (1: one process)
-        self.leads = leads  # rank 0: starts the background children, whose outcome every rank agrees on
+        self.rank_zero = rank_zero
         self.children_started = 0
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
@@ -604,13 +605,17 @@ class AutoPlanner(_CompilesRegions):
         :meth:`_checked_in_child` may stand for the trial's. The trial then compiles here, from the cache
         the child filled, or cold where it could not. Unless asked for always, only a compile long enough
         to be worth a child's start-up, in a run long enough for the child to finish. With several
-        processes rank 0 alone starts the child and every rank follows its outcome; its verification
-        stands for none (each rank verifies its own compile on its own batch)."""
+        processes rank 0 starts a child and so does every rank on another device, all wait until every child is done and follow rank 0's outcome; no child's
+        verification stands there (each rank verifies its own compile on its own batch)."""
         use, note = self.agree(self._in_background(region, units))
         if not use:
             return {"background": note}, None
         child, why = None, None
-        if self.leads:
+        # Rank 0 starts a child, and so does every rank on another device than rank 0's: Inductor's cache key
+        # holds the inputs' device, so rank 0's child fills no entry for it (CPU processes share rank 0's).
+        elsewhere = self.agree(str(self.device)) != str(self.device)  # on every rank: a collective
+        leads = self.rank_zero or elsewhere
+        if leads:
             held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
             try:
                 child = self.background(region.module_names[0], region.modules[0], held, options)
@@ -618,7 +623,9 @@ class AutoPlanner(_CompilesRegions):
             except Unavailable as error:
                 why = f"not prepared in the background: {error}"
         why = self.agree(why)
-        if why is not None:
+        if why is not None:  # rank 0's child did not start: no rank waits for one
+            if child is not None:
+                child.discard()
             return {"background": why}, None
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
         waiting = (f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report "
@@ -628,7 +635,7 @@ class AutoPlanner(_CompilesRegions):
         every = 1 if self.processes == 1 else POLL_EVERY  # a collective each time: not every batch under DDP
         try:
             batches = 0
-            while batches % every or not self.agree(child.done() if child is not None else False):
+            while batches % every or not self.agree_all(child.done() if child is not None else True):
                 batches += 1
                 yield WARMUP
         except GeneratorExit:  # the fit ended while the child compiled: not tried
@@ -637,7 +644,7 @@ class AutoPlanner(_CompilesRegions):
             raise
         self.notes.remove(waiting)
         outcome = None
-        if child is not None:
+        if child is not None:  # every rank that started one reads (and cleans up) its own; rank 0's is reported
             ok, detail = child.outcome()
             outcome = (ok, detail, child.seconds, child.stages)
         ok, detail, seconds, stages = self.agree(outcome)

@@ -319,7 +319,7 @@ class CompileRun:
                 ),
                 background_always=config.background_compile is True,
                 processes=env.world_size if env.multi_process else 1,
-                leads=env.is_global_zero,
+                rank_zero=env.is_global_zero,
             )
             if background_off and (config.background_compile or device.type == "cuda"):
                 self.planner.notes.append(background_off)

@@ -40,9 +40,9 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         name="every-rank-starts-a-child",
-        path="compile_callback/run.py",
-        old="                leads=env.is_global_zero,\n",
-        new="                leads=True,\n",
+        path="compile_callback/planner.py",
+        old="        leads = self.rank_zero or elsewhere\n",
+        new="        leads = True\n",
         tests=("tests/test_ddp.py::test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank",),
     ),
     Mutation(
@@ -153,15 +153,15 @@ MUTATIONS = [
     Mutation(
         name="a trial does not wait for its background compile",
         path="compile_callback/planner.py",
-        old="            while not child.done():\n                yield WARMUP\n",
-        new="            while False:\n                yield WARMUP\n",
+        old="            while batches % every or not self.agree_all(child.done() if child is not None else True):\n",
+        new="            while False:\n",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(
         name="a module that does not pickle ends the fit instead of compiling in-process",
         path="compile_callback/planner.py",
-        old="        except Unavailable as why:\n            return {\"background\": f\"not prepared in the background: {why}\"}, None\n",
-        new="        except KeyError as why:\n            return {\"background\": f\"not prepared in the background: {why}\"}, None\n",
+        old="            except Unavailable as error:\n",
+        new="            except KeyError as error:\n",
         tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
     ),
     Mutation(

@@ -300,7 +300,9 @@ def test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank(tmp_path
                            strategy="ddp_spawn", max_steps=steps, max_epochs=100, limit_val_batches=0)
     trainer.fit(FasterCompiled(), loader(batch_size=8))
     rank0, rank1 = (json.loads((tmp_path / f"background{rank}.json").read_text()) for rank in (0, 1))
-    # One child, rank 0's; its outcome is every rank's: the same decision, kept on both.
+    # CPU processes share a device, so one cache key: one child, rank 0's (ranks on distinct GPUs each start
+    # their own, the inputs' device being in Inductor's key); its outcome is every rank's: the same
+    # decision, kept on both.
     assert (rank0["children_started"], rank1["children_started"]) == (1, 0)
     assert rank0["decisions"] == rank1["decisions"] and len(rank0["decisions"]) == 1
     region, kept, background = rank0["decisions"][0]
