@@ -293,7 +293,7 @@ class RecordBackground(Callback):
 def test_under_ddp_rank_zeros_child_prepares_the_compile_for_every_rank(tmp_path):
     from tests.conftest import FasterCompiled
 
-    steps = 200
+    steps = 600  # 100 ms eager batches: a minute for the child on a loaded 2-core machine; compiled, they take ms
     callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
                                trial_steps=4, max_trials=1)
     trainer = make_trainer(tmp_path, [callback, RecordBackground(str(tmp_path))], accelerator="cpu", devices=2,
