@@ -323,7 +323,7 @@ class AutoPlanner(_CompilesRegions):
             training goes on (:mod:`compile_callback.background`); None: trials compile in-process.
         background_always: use ``background`` for every candidate; else where it pays
             (:func:`~compile_callback.payback.background_pays`).
-        processes: the ranks (collectives through ``agree``); with several, only rank 0 starts children.
+        processes: the ranks (collectives through ``agree``).
         rank_zero: whether this process is rank 0 (it starts background children; a rank on another
             device than rank 0's starts its own, as Inductor's cache key holds the inputs' device).
     """
@@ -400,7 +400,6 @@ class AutoPlanner(_CompilesRegions):
         self._script = self._run()
         self._saved_plan: list[dict[str, Any]] | None = None
         self.profiler: RegionProfiler | None = None
-        self._holding_counted = 0.0  # the profiler's holding_s already counted as stalled (stall_in_batch_s)
         self._all_candidates: list[Candidate] = []
         self.weighed: list[dict[str, Any]] = []  # the candidates the order weighed (payback.payback_order)
         self._last_failure = ""
@@ -426,8 +425,7 @@ class AutoPlanner(_CompilesRegions):
     def stall_in_batch_s(self) -> float:
         if self.profiler is None:
             return 0.0
-        holding, self._holding_counted = self.profiler.holding_s - self._holding_counted, self.profiler.holding_s
-        return holding
+        return self.profiler.take_holding_s()
 
     def close(self) -> None:
         """Ends the script where it stands (fit is over): a trial cut short puts its plan back."""
@@ -532,8 +530,7 @@ class AutoPlanner(_CompilesRegions):
         interleaved = options.mode != "reduce-overhead"
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
-        background, checked = yield from self._prepare(candidate.region, options, candidate.units)
-        child_s = background.pop("child_s", {})
+        background, checked, child_s = yield from self._prepare(candidate.region, options, candidate.units)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
@@ -596,20 +593,21 @@ class AutoPlanner(_CompilesRegions):
         return trial_ms if keep else None
 
     def _prepare(self, region: Region, options: CompileOptions, units: int
-                 ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None]]:
+                 ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None, dict[str, float]]]:
         """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
         while training goes on with the plan before it, one batch a ``yield``; returns the decision's
-        fields of it: ``background`` (what it says, None where background compiles are off),
-        ``background_s`` (the child's seconds compiling and checking, None where none finished) and
-        ``child_s`` (its seconds by stage), and the child's verification (None: none), which
-        :meth:`_checked_in_child` may stand for the trial's. The trial then compiles here, from the cache
+        fields of it: ``background`` (what it says, None where background compiles are off) and
+        ``background_s`` (the child's seconds compiling and checking, None where none finished), the
+        child's verification (None: none), which :meth:`_checked_in_child` may stand for the trial's, and
+        the child's seconds by stage (empty: none). The trial then compiles here, from the cache
         the child filled, or cold where it could not. Unless asked for always, only a compile long enough
         to be worth a child's start-up, in a run long enough for the child to finish. With several
-        processes rank 0 starts a child and so does every rank on another device, all wait until every child is done and follow rank 0's outcome; no child's
-        verification stands there (each rank verifies its own compile on its own batch)."""
+        processes rank 0 starts a child and so does every rank on another device; all wait until every
+        child is done and follow rank 0's outcome; no child's verification stands there (each rank
+        verifies its own compile on its own batch)."""
         use, note = self.agree(self._in_background(region, units))
         if not use:
-            return {"background": note}, None
+            return {"background": note}, None, {}
         child, why = None, None
         # Rank 0 starts a child, and so does every rank on another device than rank 0's: Inductor's cache key
         # holds the inputs' device, so rank 0's child fills no entry for it (CPU processes share rank 0's).
@@ -626,7 +624,7 @@ class AutoPlanner(_CompilesRegions):
         if why is not None:  # rank 0's child did not start: no rank waits for one
             if child is not None:
                 child.discard()
-            return {"background": why}, None
+            return {"background": why}, None, {}
         # Stands in the notes while the child runs (a report made meanwhile says so); the decision says how it went.
         waiting = (f"`{region.name}` was compiling in the background (since batch {self._batch_index}) when this report "
                    "was made; a fit that ends first trains eagerly throughout (`background_compile=False` compiles "
@@ -649,8 +647,8 @@ class AutoPlanner(_CompilesRegions):
             outcome = (ok, detail, child.seconds, child.stages)
         ok, detail, seconds, stages = self.agree(outcome)
         fields = {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
-                  "background_s": seconds, "child_s": stages}
-        return fields, child.checked if ok and child is not None and self.processes == 1 else None
+                  "background_s": seconds}
+        return fields, child.checked if ok and child is not None and self.processes == 1 else None, stages
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
@@ -733,8 +731,7 @@ class AutoPlanner(_CompilesRegions):
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
         units = sum(c.units for c in self._all_candidates if c.region in kept)
-        background, checked = yield from self._prepare(group, options, units)
-        child_s = background.pop("child_s", {})
+        background, checked, child_s = yield from self._prepare(group, options, units)
         control = "trial:reduce-overhead" + CONTROL
         control, windows = yield from self._control_window(control)  # the kept plan, right before (see _trial)
         released: dict[str, float] = {}

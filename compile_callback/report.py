@@ -179,8 +179,8 @@ def render_table(report: dict[str, Any]) -> str:
 
 
 def _child_caches(row: dict[str, Any], lead: str) -> str:
-    """A rank's compiles of background-prepared candidates, each with its cache state ("warm": served by
-    rank 0's child; "no cache": a backend that keeps none), or "" where none."""
+    """A rank's compiles of background-prepared candidates, each with its cache state ("warm": served by a
+    child's cache; "no cache": a backend that keeps none), or "" where none."""
     caches = row.get("background_caches") or {}
     return "".join(f"{lead}`{region}` {state or 'no cache'}" for region, state in caches.items())
 

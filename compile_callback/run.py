@@ -1047,9 +1047,9 @@ class CompileRun:
         totals = self.watch.totals()
         # This fit's own: a resumed run's loaded counts are rank 0's (every rank loads its checkpoint).
         mine: dict[str, Any] = {key: int(totals[key] - self._totals_at_start.get(key, 0)) for key in RANK_COUNTS}
-        # Which rank compiled a background-prepared candidate from rank 0's cache ("warm") and which did not:
-        # the decision is agreed, each rank's compile its own (a rank whose device enters the key misses).
-        mine["background_caches"] = {d.region: d.compile_cache for d in getattr(self.planner, "decisions", [])
+        # Which rank compiled a background-prepared candidate from a child's cache ("warm") and which did not:
+        # the decision is agreed, each rank's compile its own.
+        mine["background_caches"] = {d.region: d.compile_cache for d in self.planner.decisions
                                      if (d.background or "").startswith("prepared in the background")}
         ranks = [{"rank": rank, **counts} for rank, counts in enumerate(self.env.from_every_rank(mine))]
         differ = [key for key in RANK_COUNTS if len({r[key] for r in ranks}) > 1]

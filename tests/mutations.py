@@ -61,9 +61,9 @@ MUTATIONS = [
     ),
     Mutation(
         name="held-input-copies-counted-again",
-        path="compile_callback/planner.py",
-        old="        holding, self._holding_counted = self.profiler.holding_s - self._holding_counted, self.profiler.holding_s\n",
-        new="        holding = self.profiler.holding_s\n",
+        path="compile_callback/profile.py",
+        old="        holding, self.holding_s = self.holding_s, 0.0\n",
+        new="        holding = self.holding_s\n",
         tests=("tests/test_stall.py::test_the_profilers_held_input_copies_count_as_stalled",),
     ),
     Mutation(

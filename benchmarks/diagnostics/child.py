@@ -119,29 +119,28 @@ def main(argv: list[str] | None = None) -> None:
                                  tolerance=None)
         child.time_limit_s = args.child_limit
         during: list[float | None] = []
-        child_steps = [0]
         while not child.done():
             if kind == "beside":
                 during.append(step())
-                child_steps[0] += 1
             else:
                 time.sleep(0.05)
         if device.type == "cuda":
             torch.cuda.synchronize()
         waited = time.monotonic() - started
         ok, detail = child.outcome()
+        steps = len(during)
         before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
             "workload": args.workload, "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
             "waited_s": waited, "child_s": child.seconds, "stages": child.stages,
             "eager_before_ms": statistics.median(before) if before else None,
-            "eager_during_ms": statistics.median(during) if during else None, "steps_during": child_steps[0],
+            "eager_during_ms": statistics.median(during) if during else None, "steps_during": steps,
             # The mean too: a child that stalls the loop now and then moves the wall time, not the median.
             "eager_before_mean_ms": statistics.fmean(before) if before else None,
             "eager_during_mean_ms": statistics.fmean(during) if during else None,
             # Wall time per step (host gaps included; the only figure with --async-steps).
             "before_wall_ms_per_step": before_wall_ms if kind == "beside" else None,
-            "during_wall_ms_per_step": waited * 1e3 / steps if kind == "beside" and (steps := child_steps[0]) else None,
+            "during_wall_ms_per_step": waited * 1e3 / steps if steps else None,
         }), flush=True)
 
 
