@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
             "workload": args.workload, "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
+            "async_steps": args.async_steps, "cudnn_benchmark": args.cudnn_benchmark,
             "waited_s": waited, "child_s": child.seconds, "stages": child.stages,
             "eager_before_ms": statistics.median(before) if before else None,
             "eager_during_ms": statistics.median(during) if during else None, "steps_during": steps,
