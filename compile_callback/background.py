@@ -23,7 +23,9 @@ took 22 s of stopped training, 17 s of it the fp32 reference (its activations ke
 against 1.3 s for the warm compile.
 The child is a fresh interpreter (``python -m compile_callback.background``: never a fork of a process
 that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
-(a class defined in the script's ``__main__`` is not).
+(a class defined in the script's ``__main__`` is not). Rank 0's first child runs on a :class:`Standby`,
+an interpreter started with the fit that has done its imports and waits, idle, for the payload; and a
+child exits without the interpreter's teardown once its result is written, which the run waited through.
 
 Every way it can fail leaves the trial as it was without it, compiling here, with the reason in the
 report's decision: a module or input that does not pickle, too little free device memory for a second
@@ -75,6 +77,7 @@ KILL_WAIT_S = 10.0
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
 POLL_EVERY = 10  # batches between the ranks' agreements on whether rank 0's child is done (one process: every batch)
 _RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
+STANDBY = "--standby"  # the argument that starts a :class:`Standby`
 
 
 def child_niceness() -> int:
@@ -191,6 +194,7 @@ class BackgroundCompile:
     seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
+    standby: bool = False  # whether it ran on the interpreter started with the fit (:class:`Standby`)
 
     def done(self) -> bool:
         if self.process.poll() is not None:
@@ -202,10 +206,7 @@ class BackgroundCompile:
 
     def stop(self) -> None:
         """Ends the child if it still runs (a time limit, a fit that ends) and removes its payload."""
-        if self.process.poll() is None:
-            self.process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=KILL_WAIT_S)
+        _end(self.process)
         if os.path.exists(self.payload):
             os.remove(self.payload)
 
@@ -232,6 +233,8 @@ class BackgroundCompile:
             last = lines[-1][:300] if lines else "no output"
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
         niceness = f", at niceness {result['niceness']}" if result.get("niceness") else ""
+        if self.standby:
+            niceness += "; its interpreter started with the fit"
         self.seconds = result["seconds"]
         self.stages = result["stages"]
         if result.get("checked"):
@@ -250,9 +253,11 @@ def start(
     verify: bool,
     tolerance: float | None,
     needed_bytes: Callable[[], int | None] = lambda: None,
+    standby: Standby | None = None,
 ) -> BackgroundCompile:
     """Starts a child that compiles ``module`` (the region module called ``name``: "" or "model" for the
-    root) on the held input ``held`` as a trial would.
+    root) on the held input ``held`` as a trial would: on ``standby`` where one waits, else in a fresh
+    interpreter. A ``standby`` not used (the module does not pickle, no memory) is stopped.
 
     Raises:
         Unavailable: with the reason (the module does not pickle, no memory for the child, ...).
@@ -262,6 +267,8 @@ def start(
         parameters = sum(t.numel() * t.element_size() for t in module.state_dict().values())
         need = (needed_bytes() or 0) + parameters + MEMORY_MARGIN_BYTES
         if free < need:
+            if standby is not None:
+                standby.stop()
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
               "verify": verify, "tolerance": tolerance, "name": name, "niceness": child_niceness()}
@@ -280,20 +287,85 @@ def start(
             pickle.dump((module, held), file, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # whatever a module holds may refuse: a lambda, a lock, an open file
         os.remove(payload)
+        if standby is not None:
+            standby.stop()
         raise Unavailable(f"the module does not pickle ({torch_internals.describe_error(error)[:200]})") from error
     finally:
         for child, call in compiled.items():
             torch_internals.restore_compiled_call(child, call)
+    if standby is not None and standby.go(payload):
+        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
+    if standby is not None:
+        standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
+    process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+    return BackgroundCompile(process, payload, log, time.monotonic())
+
+
+def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+    """A fresh interpreter running this module with ``arguments``, its output in a log file of its own."""
     handle, log = tempfile.mkstemp(prefix="compile-callback-", suffix=".log")
     os.close(handle)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
     with open(log, "w") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "compile_callback.background", payload, str(os.getpid()), repr(time.time())],
-            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        )
-    return BackgroundCompile(process, payload, log, time.monotonic())
+        process = subprocess.Popen([sys.executable, "-m", "compile_callback.background", *arguments],
+                                   stdout=output, stderr=subprocess.STDOUT, stdin=stdin, env=env)
+    return process, log
+
+
+def _end(process: subprocess.Popen) -> None:
+    """Kills ``process`` if it still runs and waits for it at most KILL_WAIT_S (see there)."""
+    if process.poll() is None:
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=KILL_WAIT_S)
+
+
+class Standby:
+    """An interpreter started with the fit that imports torch and this package, then waits, idle (no CUDA
+    context, no GPU memory), for a payload: the first child skips the interpreter's start and the imports
+    (6-10 s of a child's life on the H200, session 17), and Dynamo's and Inductor's own imports. Told to
+    go by :meth:`go`; stopped by :meth:`stop` where the search ends without a child (a fit that dies closes
+    its pipe, and a waiting standby then exits)."""
+
+    def __init__(self) -> None:
+        self.process, self.log = _spawn([STANDBY, str(os.getpid())], stdin=subprocess.PIPE)
+
+    def go(self, payload: str) -> bool:
+        """Hands ``payload`` to the waiting interpreter; False where it is gone (then nothing was sent)."""
+        if self.process.poll() is not None or self.process.stdin is None:
+            return False
+        try:
+            self.process.stdin.write(f"{payload} {time.time()!r}\n".encode())
+            self.process.stdin.close()
+        except OSError:  # it exited between the poll and the write
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Ends the interpreter if it still runs and removes its log (only for a standby never told to go)."""
+        _end(self.process)
+        if os.path.exists(self.log):
+            os.remove(self.log)
+
+
+class Launcher:
+    """Starts the planner's children: ``launcher(name, module, held, options)`` is :func:`start` with the
+    fit's settings, the first child on the :class:`Standby` started with the launcher (where asked for)."""
+
+    def __init__(self, *, standby: bool, **settings: Any) -> None:
+        self.settings = settings
+        self.standby = Standby() if standby else None
+
+    def __call__(self, name: str, module: nn.Module, held: Any, options: CompileOptions) -> BackgroundCompile:
+        waiting, self.standby = self.standby, None
+        return start(name, module, held, options, standby=waiting, **self.settings)
+
+    def close(self) -> None:
+        """The search is over (or the fit): a standby never used is stopped. Safe to call twice."""
+        if self.standby is not None:
+            self.standby.stop()
+            self.standby = None
 
 
 def _watch_parent(parent: int) -> None:
@@ -314,7 +386,8 @@ def _watch_parent(parent: int) -> None:
 
 def _child(path: str, parent: int, spawned: float) -> int:
     """The child: load, compile as a trial does, run the verification's runs, say how it went, with its
-    seconds by stage (``spawned``: the parent's wall clock when it started the process)."""
+    seconds by stage (``spawned``: the parent's wall clock when it started the process, or sent a standby
+    its payload: the start-up the run waited for, near nothing where the standby was ready)."""
     from compile_callback.planner import warm_call
     from compile_callback.profile import _copy
     from compile_callback.verify import run_forward_and_backward, timed_stage, twin_options, verify_module
@@ -373,5 +446,26 @@ def _child(path: str, parent: int, spawned: float) -> int:
     return 0
 
 
+def _standby(parent: int) -> int:
+    """A :class:`Standby`: the imports a child's work needs, then a wait for its payload on stdin (the
+    payload's path and the parent's wall clock when it sent it); none (the pipe closed): nothing to do."""
+    import torch._dynamo  # noqa: F401  (Dynamo's and Inductor's imports: seconds of a child's first compile)
+    import torch._inductor.compile_fx  # noqa: F401
+
+    from compile_callback import planner, profile, verify  # noqa: F401  (what _child imports)
+
+    request = sys.stdin.readline().split()
+    if not request:
+        return 0
+    payload, sent = request
+    return _child(payload, parent, float(sent))
+
+
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+    code = _standby(int(sys.argv[2])) if sys.argv[1] == STANDBY else _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    # Out without the interpreter's teardown (the CUDA context, Inductor's compile workers, every module's
+    # objects), which the run waits through before it reads the result: the caches were written as each
+    # compile finished, and the result line is flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

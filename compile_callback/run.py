@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import statistics
 import time
@@ -160,6 +159,7 @@ class CompileRun:
         self._eager_stance: Any = None  # torch.compiler.set_stance("force_eager") while validation runs eager
         self.repricer = Repricer()  # eager timed again beside the frozen plan (compile_callback.reprice)
         self._reprice_stance: Any = None  # force_eager for one batch of a re-pricing round
+        self._launcher: background.Launcher | None = None  # starts the planner's children (None: none)
         # Seconds the training loop waited for compiling and checking (compile/stall_s is their sum), in two
         # parts, and the longest single wait with its batch (the report's summary): the planner's work before
         # a step (verification, a trial's set-up and compile, a child's start), steps in which dynamo
@@ -299,6 +299,11 @@ class CompileRun:
             self.watch = CompileWatch({}, names)
             background_off = background.policy(config.background_compile, device=device, world_size=env.world_size,
                                                options=compile_options)
+            # Children start from a Launcher; rank 0's first one on an interpreter started now (ranks on other
+            # devices start theirs fresh where they need one: most never do).
+            self._launcher = None if background_off else background.Launcher(
+                standby=env.is_global_zero, context=env.forward_context, device=device, verify=config.verify,
+                tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations)
             self.planner = AutoPlanner(
                 module, compile_options, timer=self.timer, watch=self.watch, device=device,
                 warmup_steps=config.warmup_steps, profile_steps=PROFILE_STEPS,
@@ -313,10 +318,7 @@ class CompileRun:
                 activation_bytes=lambda: self._eager_activations,
                 room_bytes=lambda: room_bytes(device),
                 peak_bytes=lambda: peak_bytes(device),
-                background=None if background_off else functools.partial(
-                    background.start, context=env.forward_context, device=device, verify=config.verify,
-                    tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations,
-                ),
+                background=self._launcher,
                 background_always=config.background_compile is True,
                 processes=env.world_size if env.multi_process else 1,
                 rank_zero=env.is_global_zero,
@@ -544,6 +546,8 @@ class CompileRun:
             self._plan_steps = 0  # a new graph (a new shape's, a recompiled region's): its steps are read afresh
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
+        if self._launcher is not None and self.planner.frozen:
+            self._close_launcher()  # the search is over: a standby never told to go ends
         holding = self.planner.stall_in_batch_s()
         if holding > 0:
             self._add_stall("holding_inputs_s", holding)
@@ -555,6 +559,11 @@ class CompileRun:
         every_rank_here = self.config.on_recompile != "warn" and self.batch_index % self.env.log_every == 0
         self.check_churn(step, every_rank_here=every_rank_here)
         self._steady = self._still_steady(compiled_now)
+
+    def _close_launcher(self) -> None:
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
 
     def _repricing_step(self) -> tuple[bool, str | None] | None:
         """This batch's part in a re-pricing round (:mod:`compile_callback.reprice`): None (none), or
@@ -1089,6 +1098,7 @@ class CompileRun:
         self._leave_reprice_stance()  # a fit that raised inside a round's eager batch
         if self.planner is not None:
             self.planner.close()
+        self._close_launcher()
         if self._previous_backward_lowering is not None:
             torch_internals.compile_backward_with_forward(self._previous_backward_lowering)
             self._previous_backward_lowering = None

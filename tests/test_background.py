@@ -31,14 +31,20 @@ def _fit(tmp_path, model, backend="eager"):
 
 
 @pytest.mark.slow
-def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path):
+def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch):
+    standbys = []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
     model = FasterCompiled()
     callback, decision = _fit(tmp_path, model)
     assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
     # Its seconds as a number too (the harness counts them as compiling), as the text says them.
     assert f" in {decision['background_s']:.1f} s (" in decision["background"]
-    # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it.
-    assert decision["background"].endswith(f" in all, at niceness {min(19, os.nice(0) + background.CHILD_NICENESS)})"), decision
+    # Below the run's CPU priority (its compile takes the cores training leaves idle), as the child read it,
+    # on the interpreter started with the fit (its start and imports out of the child's way).
+    niceness = min(19, os.nice(0) + background.CHILD_NICENESS)
+    assert decision["background"].endswith(f" in all, at niceness {niceness}; its interpreter started with the fit)"), decision
+    [standby] = standbys
+    assert standby.process.poll() == 0 and not os.path.exists(standby.log)  # it exited of itself, its log read and gone
     # Where the child's time went, though it verified nothing that stands here: each stage, and together no
     # more than the child's whole life (its start-up counted from the spawn).
     child = {k.removeprefix("in the child: "): v for k, v in decision["setup_s"].items() if k.startswith("in the child: ")}
@@ -84,6 +90,36 @@ def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_c
     assert not os.path.exists(child.payload) and not os.path.exists(child.log)
 
 
+def _recorded(cls, made):
+    """``cls``, each instance also appended to ``made``."""
+
+    class Recorded(cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    return Recorded
+
+
+@pytest.mark.slow
+def test_a_standby_that_is_gone_leaves_the_child_to_a_fresh_interpreter(tmp_path, monkeypatch):
+    standbys = []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+
+    def die_first(self, payload):  # as a standby killed while it waited (out of memory, a user's pkill)
+        self.process.kill()
+        self.process.wait()
+        return real_go(self, payload)
+
+    real_go = background.Standby.go
+    monkeypatch.setattr(background.Standby, "go", die_first)
+    _, decision = _fit(tmp_path, FasterCompiled())
+    assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
+    assert "its interpreter started with the fit" not in decision["background"]  # a fresh one did it
+    [standby] = standbys
+    assert not os.path.exists(standby.log)  # the dead standby's log went with it
+
+
 class Unpicklable(FasterCompiled):
     def __init__(self) -> None:
         super().__init__()
@@ -93,12 +129,42 @@ class Unpicklable(FasterCompiled):
 def test_a_module_that_does_not_pickle_is_compiled_in_process(tmp_path, monkeypatch):
     import tempfile
 
+    standbys = []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the child's payload would go
     os.makedirs(tempfile.tempdir)
     _, decision = _fit(tmp_path, Unpicklable())
     assert decision["background"].startswith("not prepared in the background: the module does not pickle")
     assert decision["kept"]  # the trial went on as without a background compile
-    assert not any(name.startswith("compile-callback-") for name in os.listdir(tempfile.tempdir))  # no half-written payload
+    # No half-written payload, and the standby that waited for it ended with its log.
+    assert not any(name.startswith("compile-callback-") for name in os.listdir(tempfile.tempdir))
+    [standby] = standbys
+    assert standby.process.poll() is not None
+
+
+def test_a_standby_never_told_to_go_ends_when_the_search_does(tmp_path, monkeypatch):
+    # A plan without a child (a fixed-size run too short to repay one, or every candidate priced in-process):
+    # the interpreter started with the fit goes when the plan freezes, not at the fit's end.
+    from compile_callback import payback
+
+    standbys, frozen_at = [], []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+    monkeypatch.setattr(payback, "BACKGROUND_MIN_COMPILE_S", float("inf"))  # every compile stays in-process
+
+    class WatchStandby(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if callback.run.planner.frozen and not frozen_at:
+                frozen_at.append(standbys[0].process.poll())
+
+    callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1)
+    monkeypatch.setattr(background, "policy", lambda *args, **kwargs: None)  # on, as on a GPU by default
+    trainer = make_trainer(tmp_path, [callback, WatchStandby()], max_steps=60, max_epochs=100, limit_val_batches=0)
+    trainer.fit(FasterCompiled(), loader(batch_size=8))
+    (decision,) = callback.last_report["decisions"]
+    assert decision["background"] is None and decision["kept"]  # compiled in-process, no child
+    [standby] = standbys
+    assert frozen_at and frozen_at[0] is not None  # ended at the freeze, before the fit's end
+    assert not os.path.exists(standby.log)
 
 
 _PARENT_ONLY = "compile_callback_test_parent_only"
