@@ -39,6 +39,20 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="unused-standby-left-running",
+        path="compile_callback/run.py",
+        old="            self._close_launcher()  # the search is over: a standby never told to go ends\n",
+        new="            pass\n",
+        tests=("tests/test_background.py::test_a_standby_never_told_to_go_ends_when_the_search_does",),
+    ),
+    Mutation(
+        name="standby-not-used",
+        path="compile_callback/run.py",
+        old="                standby=env.is_global_zero, context=env.forward_context",
+        new="                standby=False, context=env.forward_context",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
         name="every-rank-starts-a-child",
         path="compile_callback/planner.py",
         old="        leads = self.rank_zero or elsewhere\n",
