@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import checks, table
+from benchmarks.__main__ import COMPILE_CACHES
 from benchmarks.runner import add_speedups
 
 
@@ -297,3 +298,24 @@ def test_the_callback_is_held_to_the_faster_plain_loop_compile_within_two_percen
     assert {v.target: v.verdict for v in table.evaluate_targets(without)}[target] == "not measured"
     hf = _run(EAGER, WHOLE_RO, _callback(24.0, speedup=1.9))
     assert target not in {v.target for v in table.evaluate_targets(hf)}  # held to it on gpt2 and resnet50 only
+
+
+def test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on():
+    """With the harness's caches disabled the callback compiles in-process, not on its default route (a
+    background child where Inductor's caches are on, torch's default): such a run answers nothing."""
+    target = "first 1000 steps wall time ≤ best anchor's"
+
+    def run(caches, callback_wall, date):
+        eager = {**EAGER, "wall_s_at_step": {"1000": 44.6}}
+        callback = {**_callback(36.0, speedup=1.24), "wall_s_at_step": {"1000": callback_wall}}
+        result = _run(eager, callback, workload="gpt2")
+        return {**result, "settings": {**result["settings"], "compile_caches": caches}, "date": date}
+
+    fresh = run(COMPILE_CACHES["fresh"], 45.0, "2026-12-03T09:00")
+    disabled = run(COMPILE_CACHES["off"], 66.0, "2026-12-03T12:00")
+    verdicts = {v.target: (v.measured, v.verdict) for v in table.evaluate_targets(disabled)}
+    assert verdicts[target] == ("66.0 s with compile caches disabled (run with --compile-caches fresh: torch's "
+                                "default has them on)", "not measured")
+    assert {v.target: v.verdict for v in table.evaluate_targets(fresh)}[target] == "**not met**"  # 45.0 > 44.6
+    chosen = {verdict.target: (verdict.measured, result["date"]) for verdict, result in table.best_verdicts([fresh, disabled])}
+    assert chosen[target] == ("45.0 s vs eager 44.6 s", "2026-12-03T09:00")  # the older run with caches on answers
