@@ -430,6 +430,13 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_checks.py::test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab",),
     ),
     Mutation(
+        name="the first-steps wall time answered by a run whose compile caches were disabled",
+        path="benchmarks/table.py",
+        old='    if caches is not None and caches.startswith("disabled"):\n',
+        new="    if False:\n",
+        tests=("tests/benchmarks/test_checks.py::test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on",),
+    ),
+    Mutation(
         name="a variant that matched its rival on a slower host than the rival's is called met whichever way the host went",
         path="benchmarks/table.py",
         old="    if passed and ran_earlier and drift > 1:\n",
