@@ -7,6 +7,8 @@ it (:func:`compile_callback.background.start`, the whole model, the mode given, 
 each time into an empty Inductor cache folder (Triton's following it), in the phases asked for:
 
 - ``alone``: the child with nothing else on the device; the parent only polls.
+- ``standby``: as ``alone``, on an interpreter started ``STANDBY_LEAD_S`` before (the callback's first child
+  runs on one started with the fit: :class:`compile_callback.background.Standby`).
 - ``beside:N``: the child at niceness N while the parent trains eagerly (plain loop, fused AdamW, bf16
   autocast, every step timed with CUDA events), with 50 eager steps before it as the reference.
 
@@ -36,21 +38,22 @@ from compile_callback import background
 from compile_callback.regions import CompileOptions
 
 REFERENCE_STEPS = 50
+STANDBY_LEAD_S = 20.0  # how long a standby waits before its payload (the fit's first steps, then profiling)
 
 
 def _phase(name: str) -> tuple[str, int | None]:
     kind, _, niceness = name.partition(":")
-    if kind == "alone" and not niceness:
+    if kind in ("alone", "standby") and not niceness:
         return kind, None
     if kind == "beside" and niceness.isdigit() and int(niceness) <= 19:
         return kind, int(niceness)
-    raise argparse.ArgumentTypeError(f"a phase is 'alone' or 'beside:N' (N the child's niceness, 0-19); got {name!r}")
+    raise argparse.ArgumentTypeError(f"a phase is 'alone', 'standby' or 'beside:N' (N the child's niceness, 0-19); got {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.diagnostics.child")
     parser.add_argument("workload", help="resnet50, resnet18_cifar, hf_gpt2, timm_vit or hf_bert_mlm")
-    parser.add_argument("--phases", default="beside:10,alone", help="comma-separated: alone, beside:N")
+    parser.add_argument("--phases", default="beside:10,alone", help="comma-separated: alone, standby, beside:N")
     parser.add_argument("--mode", default="reduce-overhead", help="the compile mode the child compiles with")
     parser.add_argument("--child-limit", type=float, default=150.0, help="seconds after which a child is stopped (a failed phase)")
     parser.add_argument("--async-steps", action="store_true",
@@ -114,9 +117,13 @@ def main(argv: list[str] | None = None) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         before_wall_ms = (time.perf_counter() - wall) * 1e3 / REFERENCE_STEPS
+        standby = None
+        if kind == "standby":  # as the callback's first child: an interpreter started with the fit, idle since
+            standby = background.Standby()
+            time.sleep(STANDBY_LEAD_S)
         started = time.monotonic()
         child = background.start("", module, (inputs, {}), options, context=context, device=device, verify=True,
-                                 tolerance=None)
+                                 tolerance=None, standby=standby)
         child.time_limit_s = args.child_limit
         during: list[float | None] = []
         while not child.done():
