@@ -24,11 +24,13 @@ table renders it.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from benchmarks.measure import speedup as ratio
 from benchmarks.variants import VARIANTS
 from compile_callback import regions as callback_regions
+from compile_callback import reprice
 
 TELEMETRY_TOLERANCE = 0.05  # issue 20: the reported speedup within ±5% of the harness's A/B
 ANCHOR_MARGIN = 0.02  # issue 20: the callback at least as fast as the best anchor, minus 2%
@@ -72,6 +74,25 @@ def in_fit_spread(record: dict[str, Any]) -> tuple[float, float] | None:
     return (min(cycles), max(cycles)) if len(cycles) >= 2 else None
 
 
+def same_batches_speedup(record: dict[str, Any]) -> tuple[float, int, int] | None:
+    """The harness's own speedup over the batches of the callback's last re-pricing round (its step times,
+    CUDA events, over the round's eager and compiled blocks as :mod:`compile_callback.reprice` lays them
+    out, the first step of each block not counted): the same moment the reported figure was priced at,
+    timed by another clock. ``(speedup, first batch, last batch)``; None where the figure was not
+    re-measured or the steps are missing."""
+    figures = reported_figures(record)
+    last, steps = figures.get("speedup_priced_at_batch"), record.get("step_ms_all") or []
+    length = 4 * reprice.CYCLES * reprice.BLOCK
+    if figures.get("speedup_priced") != "re-measured" or not isinstance(last, int) or not length <= last + 1 <= len(steps):
+        return None
+    first = last + 1 - length
+    eager, compiled = [], []
+    for block in range(4 * reprice.CYCLES):
+        start = first + block * reprice.BLOCK
+        (eager if block % 4 in (0, 3) else compiled).extend(steps[start + 1:start + reprice.BLOCK])
+    return ratio(statistics.median(eager), statistics.median(compiled)), first, last
+
+
 def harness_speedup(record: dict[str, Any], baseline: dict[str, Any], *, by_throughput: bool) -> float | None:
     """How much faster ``record`` ran than ``baseline`` by the harness's clocks: median step times, or
     real tokens/s where shapes vary."""
@@ -102,6 +123,7 @@ def telemetry_error(
     error = reported / harness - 1.0 if isinstance(reported, (int, float)) and harness else None
     in_fit = in_fit_speedup(record)
     in_fit_error = reported / in_fit - 1.0 if isinstance(reported, (int, float)) and in_fit else None
+    same = same_batches_speedup(record)
     return {
         "reported": reported,
         "priced": figures.get("speedup_priced"),  # "trials", "re-measured", ...: how the callback priced it
@@ -115,6 +137,10 @@ def telemetry_error(
         "in_fit_error": in_fit_error,
         "in_fit_passed": None if in_fit_error is None else abs(in_fit_error) <= TELEMETRY_TOLERANCE,
         "in_fit_cycles": in_fit_spread(record),
+        # Information, no verdict: the reported figure against the harness's clock at the same moment.
+        "same_batches": None if same is None else same[0],
+        "same_batches_range": None if same is None else [same[1], same[2]],
+        "same_batches_error": reported / same[0] - 1.0 if same and same[0] and isinstance(reported, (int, float)) else None,
     }
 
 

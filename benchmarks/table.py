@@ -237,6 +237,14 @@ def render_checks(result: dict[str, Any], record: dict[str, Any]) -> list[str]:
                 f"compiled {_number(ab.get('compiled_ms'), '.2f')} ms, {_number(ab.get('speedup'), '.3f', '×')}{spread}; "
                 f"reported against it: {_number(telemetry.get('in_fit_error'), '+.1%')}{_passed(telemetry.get('in_fit_passed'))}"
             )
+        if telemetry.get("same_batches") is not None:
+            first, last = telemetry["same_batches_range"]
+            lines.append(
+                f"- `{name}` the same batches as its last re-pricing round ({first}-{last}, the harness's step times over "
+                f"its eager and compiled blocks): {_number(telemetry.get('same_batches'), '.3f', '×')}; reported "
+                f"against it: {_number(telemetry.get('same_batches_error'), '+.1%')} (the same moment by another clock; "
+                "no verdict)"
+            )
     anchor = checked["versus_best_anchor"]
     if anchor:
         lines.append(
@@ -481,6 +489,9 @@ def _check_verdicts(
     ) if telemetry else "–"
     if telemetry.get("in_fit") is not None:
         measured += f"; vs {_number(telemetry.get('in_fit'), '.3f', '×')} in-fit A/B: {_number(telemetry.get('in_fit_error'), '+.1%')}"
+    if telemetry.get("same_batches") is not None:  # information: the reported figure's own moment, another clock
+        measured += (f"; vs {_number(telemetry.get('same_batches'), '.3f', '×')} on its re-pricing round's batches: "
+                     f"{_number(telemetry.get('same_batches_error'), '+.1%')}")
     verdicts.append(Verdict(
         workload, f"callback `compile/speedup` within ±{checks.TELEMETRY_TOLERANCE:.0%} of the harness's A/B",
         measured, speed_invalid or telemetry_verdict(telemetry, drift, wander)))

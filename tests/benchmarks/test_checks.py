@@ -319,3 +319,29 @@ def test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_o
     assert {v.target: v.verdict for v in table.evaluate_targets(fresh)}[target] == "**not met**"  # 45.0 > 44.6
     chosen = {verdict.target: (verdict.measured, result["date"]) for verdict, result in table.best_verdicts([fresh, disabled])}
     assert chosen[target] == ("45.0 s vs eager 44.6 s", "2026-12-03T09:00")  # the older run with caches on answers
+
+
+def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round():
+    """The harness's step times over the batches of the callback's last round (eager blocks 0 and 3 of each
+    ABBA cycle, the first step of a block not counted), beside the end-of-run A/B: the same moment by
+    another clock. Information only: no verdict changes."""
+    from compile_callback import reprice
+
+    length = 4 * reprice.CYCLES * reprice.BLOCK
+    last = 99
+    steps = [3.0] * 120
+    for block in range(4 * reprice.CYCLES):
+        start = last + 1 - length + block * reprice.BLOCK
+        eager = block % 4 in (0, 3)
+        steps[start:start + reprice.BLOCK] = [50.0] + [9.0 if eager else 3.0] * (reprice.BLOCK - 1)  # first: not counted
+    record = {**_callback(3.0, speedup=2.7, speedup_priced="re-measured", speedup_priced_at_batch=last),
+              "step_ms_all": steps}
+    assert checks.same_batches_speedup(record) == (pytest.approx(3.0), last + 1 - length, last)
+    telemetry = checks.telemetry_error(record, {"eager": EAGER}, by_throughput=False)
+    assert telemetry["same_batches"] == pytest.approx(3.0) and telemetry["same_batches_error"] == pytest.approx(-0.1)
+    measured = {v.target: v.measured for v in table.evaluate_targets(_run(EAGER, record))}
+    assert "; vs 3.000× on its re-pricing round's batches: -10.0%" in measured[
+        "callback `compile/speedup` within ±5% of the harness's A/B"]
+    # Priced by its trials (no round), or a round past the steps timed: nothing to compare.
+    assert checks.same_batches_speedup({**record, "callback": _callback(3.0, speedup=2.7)["callback"]}) is None
+    assert checks.same_batches_speedup({**record, "step_ms_all": steps[:last]}) is None
