@@ -62,8 +62,8 @@ MUTATIONS = [
     Mutation(
         name="unpicklable-payload-left-behind",
         path="compile_callback/background.py",
-        old="        os.remove(payload)\n        raise Unavailable(",
-        new="        raise Unavailable(",
+        old="        os.remove(payload)\n        if standby is not None:\n            standby.stop()\n        raise Unavailable(",
+        new="        if standby is not None:\n            standby.stop()\n        raise Unavailable(",
         tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
     ),
     Mutation(
@@ -428,6 +428,13 @@ MUTATIONS = [
         old="    unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None\n",
         new="    unsteady = drift_verdict(drift) if passed is not None else None\n",
         tests=("tests/benchmarks/test_checks.py::test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab",),
+    ),
+    Mutation(
+        name="the same-batches figure over the wrong blocks (compiled taken for eager)",
+        path="benchmarks/checks.py",
+        old="        (eager if block % 4 in (0, 3) else compiled).extend(steps[start + 1:start + reprice.BLOCK])\n",
+        new="        (eager if block % 4 in (1, 2) else compiled).extend(steps[start + 1:start + reprice.BLOCK])\n",
+        tests=("tests/benchmarks/test_checks.py::test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round",),
     ),
     Mutation(
         name="the first-steps wall time answered by a run whose compile caches were disabled",
