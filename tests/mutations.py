@@ -104,8 +104,8 @@ MUTATIONS = [
     Mutation(
         name="background-unbounded-kill-wait",
         path="compile_callback/background.py",
-        old="                self.process.wait(timeout=KILL_WAIT_S)\n",
-        new="                self.process.wait()\n",
+        old="            process.wait(timeout=KILL_WAIT_S)\n",
+        new="            process.wait()\n",
         tests=("tests/test_background.py::test_a_child_that_cannot_exit_does_not_hold_the_fit",),
     ),
     Mutation(
