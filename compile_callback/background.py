@@ -232,14 +232,13 @@ class BackgroundCompile:
                 return False, f"the child still compiled after {self.time_limit_s:.0f} s and was stopped"
             last = lines[-1][:300] if lines else "no output"
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
-        niceness = f", at niceness {result['niceness']}" if result.get("niceness") else ""
-        if self.standby:
-            niceness += "; its interpreter started with the fit"
+        how = f", at niceness {result['niceness']}" if result.get("niceness") else ""
+        how += "; its interpreter started with the fit" if self.standby else ""
         self.seconds = result["seconds"]
         self.stages = result["stages"]
         if result.get("checked"):
             self.checked = VerificationResult(bool(result["passed"]), **result["checked"])
-        return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all{niceness})"
+        return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all{how})"
 
 
 def start(
@@ -262,13 +261,40 @@ def start(
     Raises:
         Unavailable: with the reason (the module does not pickle, no memory for the child, ...).
     """
+    try:
+        payload = _write_payload(name, module, held, options, context=context, device=device, verify=verify,
+                                 tolerance=tolerance, needed_bytes=needed_bytes)
+    except Unavailable:
+        if standby is not None:
+            standby.stop()
+        raise
+    if standby is not None and standby.go(payload):
+        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
+    if standby is not None:
+        standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
+    process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+    return BackgroundCompile(process, payload, log, time.monotonic())
+
+
+def _write_payload(
+    name: str,
+    module: nn.Module,
+    held: tuple[tuple[Any, ...], dict[str, Any]],
+    options: CompileOptions,
+    *,
+    context: Any,
+    device: torch.device,
+    verify: bool,
+    tolerance: float | None,
+    needed_bytes: Callable[[], int | None],
+) -> str:
+    """The child's payload file (its header, then the module and the held input), where the device has room
+    for a second copy of the step; its path. Raises :class:`Unavailable` (no file left behind) otherwise."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         parameters = sum(t.numel() * t.element_size() for t in module.state_dict().values())
         need = (needed_bytes() or 0) + parameters + MEMORY_MARGIN_BYTES
         if free < need:
-            if standby is not None:
-                standby.stop()
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
               "verify": verify, "tolerance": tolerance, "name": name, "niceness": child_niceness()}
@@ -287,18 +313,11 @@ def start(
             pickle.dump((module, held), file, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # whatever a module holds may refuse: a lambda, a lock, an open file
         os.remove(payload)
-        if standby is not None:
-            standby.stop()
         raise Unavailable(f"the module does not pickle ({torch_internals.describe_error(error)[:200]})") from error
     finally:
         for child, call in compiled.items():
             torch_internals.restore_compiled_call(child, call)
-    if standby is not None and standby.go(payload):
-        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
-    if standby is not None:
-        standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
-    process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
-    return BackgroundCompile(process, payload, log, time.monotonic())
+    return payload
 
 
 def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
