@@ -24,7 +24,7 @@ against 1.3 s for the warm compile.
 The child is a fresh interpreter (``python -m compile_callback.background``: never a fork of a process
 that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
 (a class defined in the script's ``__main__`` is not). Rank 0's first child runs on a :class:`Standby`,
-an interpreter started with the fit that has done its imports and waits, idle, for the payload; and a
+an interpreter started at the fit's setup that has done its imports and waits, idle, for the payload; and a
 child exits without the interpreter's teardown once its result is written, which the run waited through.
 
 Every way it can fail leaves the trial as it was without it, compiling here, with the reason in the
@@ -341,14 +341,17 @@ def _end(process: subprocess.Popen) -> None:
 
 
 class Standby:
-    """An interpreter started with the fit that imports torch and this package, then waits, idle (no CUDA
-    context, no GPU memory), for a payload: the first child skips the interpreter's start and the imports
-    (6-10 s of a child's life on the H200, session 17), and Dynamo's and Inductor's own imports. Told to
-    go by :meth:`go`; stopped by :meth:`stop` where the search ends without a child (a fit that dies closes
-    its pipe, and a waiting standby then exits)."""
+    """An interpreter started at the fit's setup that imports torch, this package and the module the
+    LightningModule's class lives in, then waits, idle (no CUDA context, no GPU memory), for a payload:
+    the first child skips the interpreter's start and the imports (6-10 s of a child's life on the H200,
+    session 17; still 8.3 s after its payload when it was started at the fit's start, 2 s before it,
+    session 19), Dynamo's and Inductor's own, and those its unpickling would do. Told to go by :meth:`go`;
+    stopped by :meth:`stop` where the search ends without a child (a fit that dies closes its pipe, and a
+    waiting standby then exits)."""
 
-    def __init__(self) -> None:
-        self.process, self.log = _spawn([STANDBY, str(os.getpid())], stdin=subprocess.PIPE)
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        """``preload``: modules the payload will need (the LightningModule's own), imported while it waits."""
+        self.process, self.log = _spawn([STANDBY, str(os.getpid()), *preload], stdin=subprocess.PIPE)
 
     def go(self, payload: str) -> bool:
         """Hands ``payload`` to the waiting interpreter; False where it is gone (then nothing was sent)."""
@@ -370,11 +373,11 @@ class Standby:
 
 class Launcher:
     """Starts the planner's children: ``launcher(name, module, held, options)`` is :func:`start` with the
-    fit's settings, the first child on the :class:`Standby` started with the launcher (where asked for)."""
+    fit's settings, the first child on ``standby`` where one was started (rank 0's)."""
 
-    def __init__(self, *, standby: bool, **settings: Any) -> None:
+    def __init__(self, *, standby: Standby | None, **settings: Any) -> None:
         self.settings = settings
-        self.standby = Standby() if standby else None
+        self.standby = standby
 
     def __call__(self, name: str, module: nn.Module, held: Any, options: CompileOptions) -> BackgroundCompile:
         waiting, self.standby = self.standby, None
@@ -465,13 +468,22 @@ def _child(path: str, parent: int, spawned: float) -> int:
     return 0
 
 
-def _standby(parent: int) -> int:
-    """A :class:`Standby`: the imports a child's work needs, then a wait for its payload on stdin (the
-    payload's path and the parent's wall clock when it sent it); none (the pipe closed): nothing to do."""
+def _standby(parent: int, preload: list[str]) -> int:
+    """A :class:`Standby`: the imports a child's work needs (``preload``: the modules its payload's classes
+    come from), then a wait for its payload on stdin (the payload's path and the parent's wall clock when it
+    sent it); none (the pipe closed): nothing to do."""
+    import importlib
+
     import torch._dynamo  # noqa: F401  (Dynamo's and Inductor's imports: seconds of a child's first compile)
     import torch._inductor.compile_fx  # noqa: F401
 
     from compile_callback import planner, profile, verify  # noqa: F401  (what _child imports)
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # the unpickling will say it plainly if it matters; the wait goes on
+            print(f"preloading {name} failed: {type(error).__name__}: {error}", flush=True)
 
     request = sys.stdin.readline().split()
     if not request:
@@ -481,7 +493,7 @@ def _standby(parent: int) -> int:
 
 
 if __name__ == "__main__":
-    code = _standby(int(sys.argv[2])) if sys.argv[1] == STANDBY else _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    code = _standby(int(sys.argv[2]), sys.argv[3:]) if sys.argv[1] == STANDBY else _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
     # Out without the interpreter's teardown (the CUDA context, Inductor's compile workers, every module's
     # objects), which the run waits through before it reads the result: the caches were written as each
     # compile finished, and the result line is flushed.

@@ -48,9 +48,30 @@ MUTATIONS = [
     Mutation(
         name="standby-not-used",
         path="compile_callback/run.py",
-        old="                standby=env.is_global_zero, context=env.forward_context",
-        new="                standby=False, context=env.forward_context",
+        old="                standby=standby, context=env.forward_context",
+        new="                standby=None, context=env.forward_context",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
+        name="standby-started-at-begin-not-setup",
+        path="compile_callback/callback.py",
+        old="            self.run.start_standby(trainer.strategy.root_device, preload)\n",
+        new="            pass\n",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
+    ),
+    Mutation(
+        name="setup-standby-left-after-a-failed-start",
+        path="compile_callback/run.py",
+        old="        if self._standby is not None:  # a fit that failed between its setup and its start\n",
+        new="        if False:\n",
+        tests=("tests/test_background.py::test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started",),
+    ),
+    Mutation(
+        name="standby-preload-failure-fatal",
+        path="compile_callback/background.py",
+        old="        except Exception as error:  # the unpickling will say it plainly if it matters; the wait goes on\n",
+        new="        except ImportError as error:\n            raise\n        except Exception as error:\n",
+        tests=("tests/test_background.py::test_a_standby_imports_what_it_is_given_and_a_module_it_cannot_import_is_only_noted",),
     ),
     Mutation(
         name="every-rank-starts-a-child",

@@ -19,10 +19,10 @@ from tests.conftest import FasterCompiled, loader, make_trainer
 STEPS = 200
 
 
-def _fit(tmp_path, model, backend="eager"):
+def _fit(tmp_path, model, backend="eager", callbacks=()):
     callback = CompileCallback(backend=backend, background_compile=True, eager_baseline_steps=2, warmup_steps=1,
                                trial_steps=4, max_trials=1)
-    trainer = make_trainer(tmp_path, [callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    trainer = make_trainer(tmp_path, [*callbacks, callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
     trainer.fit(model, loader(batch_size=8))
     assert trainer.global_step == STEPS and model.batches_seen == STEPS  # no batch lost or repeated
     decisions = callback.last_report["decisions"]
@@ -32,10 +32,18 @@ def _fit(tmp_path, model, backend="eager"):
 
 @pytest.mark.slow
 def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch):
-    standbys = []
+    standbys, at_fit_start = [], []
     monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+
+    class BeforeFitStart(L.Callback):  # listed first: its on_fit_start runs before the CompileCallback's
+        def on_fit_start(self, trainer, pl_module):
+            at_fit_start.append(len(standbys))
+
     model = FasterCompiled()
-    callback, decision = _fit(tmp_path, model)
+    callback, decision = _fit(tmp_path, model, callbacks=[BeforeFitStart()])
+    # The first child's interpreter started at the fit's setup, its imports beside the fit's own start, with
+    # the module of the LightningModule's class to import while it waits.
+    assert at_fit_start == [1] and standbys[0].process.args[-1] == FasterCompiled.__module__
     assert decision["background"].startswith("prepared in the background: the child compiled and checked it in")
     # Its seconds as a number too (the harness counts them as compiling), as the text says them.
     assert f" in {decision['background_s']:.1f} s (" in decision["background"]
@@ -165,6 +173,32 @@ def test_a_standby_never_told_to_go_ends_when_the_search_does(tmp_path, monkeypa
     [standby] = standbys
     assert frozen_at and frozen_at[0] is not None  # ended at the freeze, before the fit's end
     assert not os.path.exists(standby.log)
+
+
+def test_a_standby_imports_what_it_is_given_and_a_module_it_cannot_import_is_only_noted():
+    standby = background.Standby(("json", "no_such_module_for_a_standby"))
+    standby.process.stdin.close()  # no payload: once its imports are done it reads nothing and ends
+    assert standby.process.wait(timeout=120) == 0
+    with open(standby.log) as log:
+        assert "preloading no_such_module_for_a_standby failed: ModuleNotFoundError" in log.read()
+    standby.stop()
+    assert not os.path.exists(standby.log)
+
+
+def test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started(tmp_path, monkeypatch):
+    standbys = []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+    monkeypatch.setattr(background, "policy", lambda *args, **kwargs: None)  # on, as on a GPU by default
+
+    class BrokenConfigure(FasterCompiled):
+        def configure_optimizers(self):  # after the callbacks' setup, before on_fit_start
+            raise RuntimeError("no optimizer today")
+
+    trainer = make_trainer(tmp_path, [CompileCallback(backend="eager")], max_steps=5, limit_val_batches=0)
+    with pytest.raises(RuntimeError, match="no optimizer today"):
+        trainer.fit(BrokenConfigure(), loader(batch_size=8))
+    [standby] = standbys
+    assert standby.process.poll() is not None and not os.path.exists(standby.log)
 
 
 _PARENT_ONLY = "compile_callback_test_parent_only"
