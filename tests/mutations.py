@@ -67,6 +67,13 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started",),
     ),
     Mutation(
+        name="child-benchmarks-cudnn",
+        path="compile_callback/background.py",
+        old='        "cudnn": {"allow_tf32": torch.backends.cudnn.allow_tf32,\n',
+        new='        "cudnn": {"allow_tf32": torch.backends.cudnn.allow_tf32, "benchmark": torch.backends.cudnn.benchmark,\n',
+        tests=("tests/test_background.py::test_a_child_leaves_cudnn_benchmark_off_whatever_the_parent_runs_with",),
+    ),
+    Mutation(
         name="standby-preload-failure-fatal",
         path="compile_callback/background.py",
         old="        except Exception as error:  # the unpickling will say it plainly if it matters; the wait goes on\n",

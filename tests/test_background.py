@@ -299,6 +299,22 @@ def test_the_childs_niceness_can_be_set_from_the_environment_and_a_malformed_val
     assert background.child_niceness() == background.CHILD_NICENESS
 
 
+def test_a_child_leaves_cudnn_benchmark_off_whatever_the_parent_runs_with():
+    # The parent benchmarks its convolutions (the harness's Trainer sets it): a child that did too would time
+    # every convolution's algorithms on the GPU training shares; no compile cache keys the flag.
+    import contextlib
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        settings = background._settings(contextlib.nullcontext, torch.device("cpu"))
+        torch.backends.cudnn.benchmark = False  # as a fresh child starts
+        background._apply(settings)
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():
     # torch 2.14: setting a legacy TF32 flag, even to its default, turns fp32_precision "none" into "ieee",
     # which is in Inductor's cache key: a child that set them compiled a graph the trial then missed.
