@@ -5,7 +5,7 @@ One command per workload on the H200 (each fits a 10-minute limit, compiling col
     python -m benchmarks --workload gpt2             # ~4-5 min (~3-4 before whole_ro was added; estimate)
     python -m benchmarks --workload resnet50         # ~5-7 min (~4-6 before whole_ro was added; estimate)
     python -m benchmarks --workload resnet18_cifar   # ~3-5 min
-    python -m benchmarks --workload gpt2_varlen      # ~8 min (3 epochs of 192 steps, 5 of its 7 variants)
+    python -m benchmarks --workload gpt2_varlen      # ~8 min (3 epochs of 204 steps, 5 of its 7 variants)
     python -m benchmarks --workload hf_gpt2          # ~4 min (Hugging Face GPT2LMHeadModel 124M, B8 x 1024)
     python -m benchmarks --workload timm_vit         # ~3 min (timm vit_base_patch16_224, B64)
     python -m benchmarks --workload hf_bert_mlm      # HF BertForMaskedLM 110M, B32 x 512 (named runs only)
@@ -194,8 +194,10 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         if args.total_steps is not None:
             raise ValueError("--total-steps is for the fixed-shape workloads; gpt2_varlen runs --epochs epochs.")
         # An epoch holds the callback's whole trial phase: "zero recompiles after the first epoch"
-        # then means zero recompiles once the plan is frozen. Epochs are whole cycles of lengths.
-        epoch_steps = VARLEN_LENGTHS * math.ceil(max(budget, measured) / VARLEN_LENGTHS)
+        # then means zero recompiles once the plan is frozen. Epochs are whole cycles of lengths, with one
+        # cycle more than the budget: a trial here runs on for each new length's first step, which the
+        # budget does not count (the smoke run's plan froze at batch 26 of a budget of 20).
+        epoch_steps = VARLEN_LENGTHS * math.ceil(max(budget + VARLEN_LENGTHS, measured) / VARLEN_LENGTHS)
         epochs = args.epochs or (2 if args.smoke else 3)
         total, measured = epochs * epoch_steps, epoch_steps
         if args.trace_steps > total - measured:

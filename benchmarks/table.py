@@ -461,7 +461,8 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
         None if speedup is None else speedup >= 1.0)
     verdicts.extend(_check_verdicts(result, callback, invalid or not_steady, invalid, drift, eager_wander(records), order))
     if workload in SPEEDUP_TARGETS:
-        verdicts.append(_wall_time_verdict(workload, records, invalid, (result.get("settings") or {}).get("compile_caches")))
+        verdicts.append(_wall_time_verdict(workload, records, invalid, (result.get("settings") or {}).get("compile_caches"),
+                                           drift=drift, order=order))
     if workload.endswith("varlen"):
         verdicts.extend(_varlen_verdicts(workload, records, invalid, peers, drift, order))
     return verdicts
@@ -593,11 +594,12 @@ def drift_verdict(
 
 
 def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invalid: str | None,
-                       caches: str | None = None) -> Verdict:
+                       caches: str | None = None, *, drift: float | None = None, order: Sequence[str] = ()) -> Verdict:
     """The SPEC's first-steps wall time, from a run with Inductor's caches on (``caches``: the run's
     ``compile_caches`` setting): torch's default, where the callback may compile in a background child.
     With the harness's default (caches disabled, to keep variants from each other's compiles) the callback
-    compiles in-process, a route a user's run takes only with caches off: not measured."""
+    compiles in-process, a route a user's run takes only with caches off: not measured. Where eager
+    drifted during the run, as every comparison between variants: :func:`drift_verdict`."""
     target = f"first {SPEC_WALL_STEPS} steps wall time ≤ best anchor's"
 
     def wall(record: dict[str, Any] | None) -> float | None:
@@ -613,7 +615,10 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
                                          "--compile-caches fresh: torch's default has them on)", invalid or NOT_MEASURED)
     best = min(anchors, key=anchors.__getitem__)
     measured = f"{callback_wall:.1f} s vs {best} {anchors[best]:.1f} s"
-    return Verdict(workload, target, measured, invalid or _verdict(callback_wall <= anchors[best]))
+    passed = callback_wall <= anchors[best]
+    unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", [best]),
+                             ran_earlier=ran_before(order, "callback", [best]))
+    return Verdict(workload, target, measured, invalid or unsteady or _verdict(passed))
 
 
 INCONCLUSIVE = "inconclusive (cross-run)"

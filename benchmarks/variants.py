@@ -176,7 +176,8 @@ def apply_compile(variant: Variant, module: nn.Module, blocks: list[nn.Module], 
 def trial_budget(callback: CompileCallback) -> int:
     """Batches the CompileCallback may spend before its plan is frozen, at most (every trial run).
 
-    Warm-up, profile, eager baseline, ``max_trials`` trials of warm-up + ``trial_steps``, the CUDA-graph
+    Warm-up, profile, eager baseline, ``max_trials`` trials of warm-up + ``trial_steps`` (and one batch before
+    each, where a part's inputs are held: ``AutoPlanner._hold_inputs``), the CUDA-graph
     trial (warm-up + 2 recording calls + ``trial_steps``) and the warm-up after the last compile. Not
     counted: a CUDA-graph trial's control window timed again because the host disturbed it (up to two
     more windows of warm-up + ``trial_steps``; ``planner.CONTROL_WINDOWS``); the callback variant then
@@ -189,7 +190,7 @@ def trial_budget(callback: CompileCallback) -> int:
         callback.warmup_steps
         + profile_steps
         + callback.eager_baseline_steps
-        + callback.max_trials * trial
+        + callback.max_trials * (trial + 1)
         + trial + 2
         + callback.warmup_steps
     )

@@ -4,7 +4,8 @@ Mechanism only. Forward pre/post hooks bracket each candidate module's forward w
 ``perf_counter`` on CPU); the events are read once profiling ends, so the profiled steps never wait on
 the host. Backward time is estimated as twice the forward time (the usual ratio for matmul- and
 conv-dominated layers); the estimate only orders candidates, the keep/revert decision is measured.
-The first call of each candidate module also holds a detached copy of its inputs in host memory, which
+The first call of each candidate module also holds a detached copy of its inputs in host memory (or
+only of those asked for, the others when their trial comes: :meth:`RegionProfiler.hold_next`), which
 verification replays later on the device: held on the GPU, the inputs of every repeated block of a
 transformer stayed allocated beside every later step (HF GPT-2 124M: 0.57 GB above its eager peak, timm
 ViT-B: 0.5 GB, measured on the H200). Those copies (pinned host memory, allocated on the host) fall in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -64,8 +66,12 @@ class RegionProfiler:
         >>> profiler.forward_ms()["blocks.0"]
     """
 
-    def __init__(self, modules: dict[str, nn.Module], device: torch.device) -> None:
+    def __init__(self, modules: dict[str, nn.Module], device: torch.device, *, hold: set[str] | None = None) -> None:
+        """``hold``: the modules whose first input the profiled steps hold (None: every one); the others'
+        are held when asked for (:meth:`hold_next`)."""
         self.modules = modules
+        self.hold = hold
+        self.seen: set[str] = set()  # modules whose forward ran in a profiled step
         self.use_events = device.type == "cuda" and torch.cuda.is_available()
         self._handles: list[RemovableHandle] = []
         self._open: dict[str, list[Any]] = defaultdict(list)
@@ -92,13 +98,37 @@ class RegionProfiler:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if not torch_internals.forward_is_real(module):
                 return  # Lightning's DDP reroutes training_step through forward: not a forward call
-            if name not in self.held_inputs:
-                started = time.perf_counter()
-                self.held_inputs[name] = (_copy(args, "cpu"), _copy(kwargs, "cpu"))
-                self.holding_s += time.perf_counter() - started
+            self.seen.add(name)
+            if name not in self.held_inputs and (self.hold is None or name in self.hold):
+                self._hold(name, args, kwargs)
             self._open[name].append(self._now())
 
         return hook
+
+    def _hold(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        self.held_inputs[name] = (_copy(args, "cpu"), _copy(kwargs, "cpu"))
+        self.holding_s += time.perf_counter() - started
+
+    def hold_next(self, names: list[str]) -> Callable[[], None]:
+        """Holds the input of the next forward of each of ``names`` not held yet (a candidate about to be
+        tried); returns what removes the hooks that did not fire."""
+        handles: list[RemovableHandle] = []
+        for name in names:
+            if name in self.held_inputs:
+                continue
+
+            def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name) -> None:
+                if name not in self.held_inputs and torch_internals.forward_is_real(module):
+                    self._hold(name, args, kwargs)
+
+            handles.append(self.modules[name].register_forward_pre_hook(hook, with_kwargs=True))
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return remove
 
     def _post(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -67,6 +67,27 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started",),
     ),
     Mutation(
+        name="profile-holds-every-input",
+        path="compile_callback/planner.py",
+        old='        self.profiler = RegionProfiler(candidates, self.device, hold={""})\n',
+        new="        self.profiler = RegionProfiler(candidates, self.device)\n",
+        tests=("tests/test_payback.py::test_the_planner_tries_the_repeated_blocks_first_in_a_short_run",),
+    ),
+    Mutation(
+        name="part-tried-without-holding-its-inputs",
+        path="compile_callback/planner.py",
+        old="        if not self.agree(bool(missing)):\n",
+        new="        if True:\n",
+        tests=("tests/test_payback.py::test_the_planner_tries_the_repeated_blocks_first_in_a_short_run",),
+    ),
+    Mutation(
+        name="first-steps-wall-time-ignores-drift",
+        path="benchmarks/table.py",
+        old="    return Verdict(workload, target, measured, invalid or unsteady or _verdict(passed))\n",
+        new="    return Verdict(workload, target, measured, invalid or _verdict(passed))\n",
+        tests=("tests/benchmarks/test_checks.py::test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on",),
+    ),
+    Mutation(
         name="child-benchmarks-cudnn",
         path="compile_callback/background.py",
         old='        "cudnn": {"allow_tf32": torch.backends.cudnn.allow_tf32,\n',

@@ -6,7 +6,8 @@ import time
 import pytest
 from torch import nn
 
-from compile_callback import CompileCallback, payback
+from compile_callback import CompileCallback, payback, profile
+from compile_callback.run import PROFILE_STEPS
 from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds
 from compile_callback.regions import backend_name
 from tests.conftest import TinyModel, loader, make_trainer
@@ -111,6 +112,14 @@ def test_the_planner_tries_the_repeated_blocks_first_in_a_short_run(tmp_path, mo
     # against the ~0.4 s its ~80 batches left could save; one block ~0.1 s against ~0.3 s.
     monkeypatch.setattr(payback, "FIXED_UNITS", 0)
     monkeypatch.setitem(payback.PRIOR_SECONDS_PER_UNIT, backend_name(slow_to_compile), 0.1)
+    held_at = {}  # module name -> the batch its input was held in (below: held in the batch before the trial)
+    real_hold = profile.RegionProfiler._hold
+
+    def hold(self, name, args, kwargs):
+        held_at[name] = trainer.global_step
+        real_hold(self, name, args, kwargs)
+
+    monkeypatch.setattr(profile.RegionProfiler, "_hold", hold)
     callback = CompileCallback(backend=slow_to_compile, eager_baseline_steps=4, warmup_steps=1, trial_steps=4)
     trainer = make_trainer(tmp_path, [callback], max_steps=96, max_epochs=20, limit_val_batches=0)
     # Blocks 768 wide: milliseconds of forward between them, so that one hiccup of this machine inside the
@@ -120,6 +129,13 @@ def test_the_planner_tries_the_repeated_blocks_first_in_a_short_run(tmp_path, mo
     report = callback.last_report
     decisions = [(d["region"], d["reason"]) for d in report["decisions"]]
     assert decisions[0][0] == "blocks.*", decisions
+    # The profile held the whole model's input only (ResNet-50's five candidates' inputs stopped training
+    # 1.05-1.19 s on the H200 where its first trial needed the batch alone); the blocks' were held in one
+    # untimed batch right before their trial, and verified on.
+    assert held_at.pop("") == 1  # the first profiled batch, after one warm-up
+    assert set(held_at) == {f"blocks.{i}" for i in range(12)} and len(set(held_at.values())) == 1
+    assert held_at["blocks.0"] > 1 + PROFILE_STEPS and report["decisions"][0]["step"] > held_at["blocks.0"]
+    assert report["decisions"][0]["verified"] is True
     assert any(n.startswith("payback order: the whole model's compile") for n in report["plan"]["notes"])
     weighed = {c["region"]: c for c in report["plan"]["candidates"]}  # what the order weighed, in the report
     assert weighed["model"]["units"] == 14 and weighed["model"]["compile_s_estimate"] == pytest.approx(1.4)
@@ -157,8 +173,6 @@ def test_the_step_that_holds_inputs_is_not_timed(monkeypatch):
     # spans of the modules around it; timed, it made the root's forward look long and the blocks' share
     # small (the GPT-2 recipe on the H200 kept its whole model first at 1000 steps).
     import torch
-
-    from compile_callback import profile
 
     copy = profile._copy
 

@@ -99,3 +99,4 @@ def test_the_profilers_held_input_copies_count_as_stalled(tmp_path, monkeypatch)
     assert sum(parts.values()) == pytest.approx(summary["stall_s"]) and summary["stall_s"] >= len(copies) * HOLD_S
     # All held in one step, the first profiled one: the longest wait, at that batch.
     assert summary["longest_stall"]["seconds"] >= len(copies) * HOLD_S and summary["longest_stall"]["batch"] == 0
+

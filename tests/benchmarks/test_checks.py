@@ -305,10 +305,10 @@ def test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_o
     background child where Inductor's caches are on, torch's default): such a run answers nothing."""
     target = "first 1000 steps wall time ≤ best anchor's"
 
-    def run(caches, callback_wall, date):
+    def run(caches, callback_wall, date, end=()):
         eager = {**EAGER, "wall_s_at_step": {"1000": 44.6}}
         callback = {**_callback(36.0, speedup=1.24), "wall_s_at_step": {"1000": callback_wall}}
-        result = _run(eager, callback, workload="gpt2")
+        result = _run(eager, callback, *end, workload="gpt2")
         return {**result, "settings": {**result["settings"], "compile_caches": caches}, "date": date}
 
     fresh = run(COMPILE_CACHES["fresh"], 45.0, "2026-12-03T09:00")
@@ -319,6 +319,13 @@ def test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_o
     assert {v.target: v.verdict for v in table.evaluate_targets(fresh)}[target] == "**not met**"  # 45.0 > 44.6
     chosen = {verdict.target: (verdict.measured, result["date"]) for verdict, result in table.best_verdicts([fresh, disabled])}
     assert chosen[target] == ("45.0 s vs eager 44.6 s", "2026-12-03T09:00")  # the older run with caches on answers
+    # Eager 25% slower by the run's end (ResNet-18 CIFAR, session 19): the callback, run between the two, is
+    # neither beaten nor beating; met only where the drift worked against it.
+    slower_end = [{**EAGER, "variant": "eager_end", "median_ms": EAGER["median_ms"] * 1.25}]
+    drifted = run(COMPILE_CACHES["fresh"], 45.0, "2026-12-03T15:00", slower_end)
+    assert {v.target: v.verdict for v in table.evaluate_targets(drifted)}[target] == "inconclusive (host drift -20.0%)"
+    drifted = run(COMPILE_CACHES["fresh"], 44.0, "2026-12-03T15:00", slower_end)
+    assert {v.target: v.verdict for v in table.evaluate_targets(drifted)}[target].startswith("met if the slowdown only grew")
 
 
 def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round():
