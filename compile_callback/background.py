@@ -345,7 +345,8 @@ def _end(process: subprocess.Popen) -> None:
 
 class Standby:
     """An interpreter started at the fit's setup that imports torch, this package and the module the
-    LightningModule's class lives in, then waits, idle (no CUDA context, no GPU memory), for a payload:
+    LightningModule's class lives in, then waits, idle (no CUDA context, no GPU memory, unless that module's
+    import makes one), for a payload:
     the first child skips the interpreter's start and the imports (6-10 s of a child's life on the H200,
     session 17; still 8.3 s after its payload when it was started at the fit's start, 2 s before it,
     session 19), Dynamo's and Inductor's own, and those its unpickling would do. Told to go by :meth:`go`;

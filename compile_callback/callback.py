@@ -189,9 +189,8 @@ class CompileCallback(Callback):
             self._pad_at_the_source(trainer, pl_module)
         if self.config.cache_dir is not None:
             self.run.use_inductor_cache()
-        if trainer.ckpt_path is None:  # a resumed fit mostly brings its plan back: a child's interpreter waits for begin
-            preload = tuple(m for m in (type(pl_module).__module__,) if m != "__main__")
-            self.run.start_standby(trainer.strategy.root_device, preload)
+        # Also for a resumed fit (its checkpoint is read after setup): a plan it brings back frozen stops it at begin.
+        self.run.start_standby(trainer.strategy.root_device, tuple(m for m in (type(pl_module).__module__,) if m != "__main__"))
 
     def _environment(self, trainer: Trainer) -> FitEnv:
         """What the run needs of the Trainer, as plain values and callables."""

@@ -598,19 +598,27 @@ class AutoPlanner(_CompilesRegions):
         return trial_ms if keep else None
 
     def _hold_inputs(self, region: Region) -> Generator[str | None, None, bool]:
-        """One batch, not timed, that holds the inputs of ``region``'s modules where the profile did not (it
-        holds the whole model's only: copying every candidate's input to host memory stopped ResNet-50's
-        training 1.05-1.19 s on the H200, and most runs try one candidate); whether all are held, on every rank."""
+        """Batches, not timed, that hold the inputs of ``region``'s modules where the profile did not (it holds
+        the whole model's only: copying every candidate's input to host memory stopped ResNet-50's training
+        1.05-1.19 s on the H200, and most runs try one candidate): as many as the profile had, until every
+        module the profile saw run has its input, on every rank; whether they all do."""
         assert self.profiler is not None
-        missing = [name for name in region.module_names if name not in self.profiler.held_inputs]
-        if not self.agree(bool(missing)):
+        wanted = [name for name in region.module_names if name in self.profiler.seen]
+
+        def held() -> bool:
+            return bool(self.agree_all(all(name in self.profiler.held_inputs for name in wanted)))
+
+        if held():
             return True
-        remove = self.profiler.hold_next(missing)
+        remove = self.profiler.hold_next(wanted)
         try:
-            yield WARMUP
+            for _ in range(self.profile_steps):
+                yield WARMUP
+                if held():
+                    return True
         finally:
             remove()
-        return bool(self.agree_all(all(name in self.profiler.held_inputs for name in region.module_names)))
+        return False
 
     def _prepare(self, region: Region, options: CompileOptions, units: int
                  ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None, dict[str, float]]]:
@@ -995,8 +1003,8 @@ class AutoPlanner(_CompilesRegions):
     def _in_background(self, region: Region, units: int) -> tuple[bool, str | None]:
         """Whether ``region`` (``units`` in compile cost) is compiled first in a child process, and where
         not, what its decision says (None: nothing worth saying); see :func:`payback.background_pays`."""
-        held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
-        if self.background is None or held is None:
+        # A child needs the region's first input: held by now, or to be held before its trial (_hold_inputs).
+        if self.background is None or self.profiler is None or region.module_names[0] not in self.profiler.seen:
             return False, None
         if self.background_always:
             return True, None

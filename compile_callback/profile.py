@@ -111,15 +111,15 @@ class RegionProfiler:
         self.holding_s += time.perf_counter() - started
 
     def hold_next(self, names: list[str]) -> Callable[[], None]:
-        """Holds the input of the next forward of each of ``names`` not held yet (a candidate about to be
-        tried); returns what removes the hooks that did not fire."""
+        """Holds the input of the next training forward (grad enabled: not a validation loop's) of each of
+        ``names`` not held yet (a candidate about to be tried); returns what removes the hooks."""
         handles: list[RemovableHandle] = []
         for name in names:
             if name in self.held_inputs:
                 continue
 
             def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name) -> None:
-                if name not in self.held_inputs and torch_internals.forward_is_real(module):
+                if name not in self.held_inputs and torch.is_grad_enabled() and torch_internals.forward_is_real(module):
                     self._hold(name, args, kwargs)
 
             handles.append(self.modules[name].register_forward_pre_hook(hook, with_kwargs=True))

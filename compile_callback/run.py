@@ -300,13 +300,11 @@ class CompileRun:
             self.watch = CompileWatch({}, names)
             background_off = background.policy(config.background_compile, device=device, world_size=env.world_size,
                                                options=compile_options)
-            # Children start from a Launcher; rank 0's first one on the interpreter started at setup, or now (a
-            # resumed fit); ranks on other devices start theirs fresh where they need one: most never do.
+            # Children start from a Launcher; rank 0's first one on the interpreter started at setup (ranks on
+            # other devices start theirs fresh where they need one: most never do).
             standby, self._standby = self._standby, None
             if background_off and standby is not None:
                 standby.stop()
-            elif not background_off and standby is None and env.is_global_zero:
-                standby = background.Standby()
             self._launcher = None if background_off else background.Launcher(
                 standby=standby, context=env.forward_context, device=device, verify=config.verify,
                 tolerance=config.verify_tolerance, needed_bytes=lambda: self._eager_activations)
@@ -341,6 +339,8 @@ class CompileRun:
             self._resume(loaded_state)
         elif config.cache_dir is not None and config.regions == AUTO:
             self._load_cached_plan(module, device)
+        if self.planner.frozen:  # a plan brought back by a checkpoint or the plan cache: no child will run
+            self._close_launcher()
         self._totals_at_start = dict(self.watch.totals())  # after a resume: the checkpoint's (rank 0's)
         self.churn = ChurnPolicy(
             config.on_recompile, max_recompiles_per_epoch=config.max_recompiles_per_epoch, first_epoch=first_epoch

@@ -53,10 +53,10 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(
-        name="standby-started-at-begin-not-setup",
+        name="standby-not-started-at-setup",
         path="compile_callback/callback.py",
-        old="            self.run.start_standby(trainer.strategy.root_device, preload)\n",
-        new="            pass\n",
+        old="        self.run.start_standby(trainer.strategy.root_device, tuple(",
+        new="        (lambda *args: None)(trainer.strategy.root_device, tuple(",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(
@@ -76,8 +76,8 @@ MUTATIONS = [
     Mutation(
         name="part-tried-without-holding-its-inputs",
         path="compile_callback/planner.py",
-        old="        if not self.agree(bool(missing)):\n",
-        new="        if True:\n",
+        old="        if held():\n            return True\n        remove = self.profiler.hold_next(wanted)\n",
+        new="        return True\n        remove = self.profiler.hold_next(wanted)\n",
         tests=("tests/test_payback.py::test_the_planner_tries_the_repeated_blocks_first_in_a_short_run",),
     ),
     Mutation(
@@ -86,6 +86,13 @@ MUTATIONS = [
         old="    return Verdict(workload, target, measured, invalid or unsteady or _verdict(passed))\n",
         new="    return Verdict(workload, target, measured, invalid or _verdict(passed))\n",
         tests=("tests/benchmarks/test_checks.py::test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on",),
+    ),
+    Mutation(
+        name="part-not-priced-for-a-child-until-held",
+        path="compile_callback/planner.py",
+        old="region.module_names[0] not in self.profiler.seen:\n",
+        new="region.module_names[0] not in self.profiler.held_inputs:\n",
+        tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(
         name="child-benchmarks-cudnn",

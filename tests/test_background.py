@@ -66,6 +66,12 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     assert model.eager_forwards > 30
     assert not any("compiling in the background" in note for note in callback.last_report["plan"]["notes"])
     assert "; prepared in the background: the child compiled" in render_markdown(callback.last_report)
+    # A part the search never reached has no held input (it is held in the batch before its trial), yet it
+    # would be compiled in a child all the same: its compile is priced as one.
+    planner = callback.run.planner
+    part = next(c for c in planner._all_candidates if c.name == "blocks.*")
+    assert part.region.module_names[0] not in planner.profiler.held_inputs
+    assert planner._in_background(part.region, part.units) == (True, None)
 
 
 def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_child(tmp_path, monkeypatch):

@@ -74,9 +74,10 @@ HOLD_S = 0.2
 
 
 def test_the_profilers_held_input_copies_count_as_stalled(tmp_path, monkeypatch):
-    # The profiler copies one input of each candidate to host memory inside a training step (on the H200
-    # ResNet-50's first profiled step took 0.8 s more for it, which compile/stall_s did not count). Each copy
-    # to the host made HOLD_S slower: every one of them is in the stall, in its own part.
+    # The profiler copies the inputs it holds to host memory inside a training step (the whole model's at the
+    # first profiled step, a part's before its trial; on the H200 ResNet-50's first profiled step once took
+    # 0.8 s more for it, which compile/stall_s did not count). Each copy to the host made HOLD_S slower: every
+    # one of them is in the stall, in its own part.
     from compile_callback import profile
 
     copies = []
@@ -99,4 +100,3 @@ def test_the_profilers_held_input_copies_count_as_stalled(tmp_path, monkeypatch)
     assert sum(parts.values()) == pytest.approx(summary["stall_s"]) and summary["stall_s"] >= len(copies) * HOLD_S
     # All held in one step, the first profiled one: the longest wait, at that batch.
     assert summary["longest_stall"]["seconds"] >= len(copies) * HOLD_S and summary["longest_stall"]["batch"] == 0
-
