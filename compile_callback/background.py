@@ -250,23 +250,19 @@ def start(
     held: tuple[tuple[Any, ...], dict[str, Any]],
     options: CompileOptions,
     *,
-    context: Any,
-    device: torch.device,
-    verify: bool,
-    tolerance: float | None,
-    needed_bytes: Callable[[], int | None] = lambda: None,
     standby: Standby | None = None,
+    **settings: Any,
 ) -> BackgroundCompile:
     """Starts a child that compiles ``module`` (the region module called ``name``: "" or "model" for the
     root) on the held input ``held`` as a trial would: on ``standby`` where one waits, else in a fresh
-    interpreter. A ``standby`` not used (the module does not pickle, no memory) is stopped.
+    interpreter. A ``standby`` not used (the module does not pickle, no memory) is stopped. ``settings``:
+    the fit's, as :func:`_write_payload` takes them.
 
     Raises:
         Unavailable: with the reason (the module does not pickle, no memory for the child, ...).
     """
     try:
-        payload = _write_payload(name, module, held, options, context=context, device=device, verify=verify,
-                                 tolerance=tolerance, needed_bytes=needed_bytes)
+        payload = _write_payload(name, module, held, options, **settings)
     except Unavailable:
         if standby is not None:
             standby.stop()
@@ -289,7 +285,7 @@ def _write_payload(
     device: torch.device,
     verify: bool,
     tolerance: float | None,
-    needed_bytes: Callable[[], int | None],
+    needed_bytes: Callable[[], int | None] = lambda: None,
 ) -> str:
     """The child's payload file (its header, then the module and the held input), where the device has room
     for a second copy of the step; its path. Raises :class:`Unavailable` (no file left behind) otherwise."""

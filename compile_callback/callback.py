@@ -190,7 +190,8 @@ class CompileCallback(Callback):
         if self.config.cache_dir is not None:
             self.run.use_inductor_cache()
         # Also for a resumed fit (its checkpoint is read after setup): a plan it brings back frozen stops it at begin.
-        self.run.start_standby(trainer.strategy.root_device, tuple(m for m in (type(pl_module).__module__,) if m != "__main__"))
+        home = type(pl_module).__module__  # what unpickling the payload imports (a script's __main__ it cannot)
+        self.run.start_standby(trainer.strategy.root_device, () if home == "__main__" else (home,))
 
     def _environment(self, trainer: Trainer) -> FitEnv:
         """What the run needs of the Trainer, as plain values and callables."""
