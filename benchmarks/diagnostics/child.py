@@ -19,6 +19,7 @@ step and left cuDNN's benchmark off, where the harness's Lightning loop runs ahe
 
     python -m benchmarks.diagnostics.child resnet50 --phases beside:10,alone,beside:0 > child.jsonl
     python -m benchmarks.diagnostics.child resnet50 --phases beside:10 --async-steps --cudnn-benchmark
+    python -m benchmarks.diagnostics.child gpt2 --module transformer.h.0 --mode default --phases standby,beside:0
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from benchmarks.workloads import make_workload
 from compile_callback import background
+from compile_callback.profile import _copy
 from compile_callback.regions import CompileOptions
 
 REFERENCE_STEPS = 50
@@ -61,19 +63,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark=True, as the harness's Trainer(benchmark=True) sets it (the child copies it)")
     parser.add_argument("--cache-root", default=None, help="where the empty cache folders go (default: a temporary folder)")
+    parser.add_argument("--module", default="",
+                        help="the submodule the child compiles, by its dotted name (e.g. transformer.h.0: a repeated "
+                             "block, as the callback prepares a group of them); default: the whole model")
     args = parser.parse_args(argv)
     phases = [_phase(name) for name in args.phases.split(",") if name]
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     workload = make_workload(args.workload, smoke=device.type == "cpu", device=device)
     module = workload.build_module().to(device)
-    optimizer = module.configure_optimizers()
+    optimizer = workload.optimizer(module)
     batch = {k: v.to(device) for k, v in next(iter(workload.train_loader(1, False))).items()}
-    # What training_step passes to forward (the whole-model candidate's held input), and the step's loss.
-    if hasattr(module, "inputs"):  # the third-party wrapper: forward(x, y) returns the loss
-        inputs = tuple(batch[key] for key in module.inputs)
-    else:  # ImageClassifier: forward(images), the loss outside
-        inputs = (batch["images"],)
+    target = module.get_submodule(args.module)
+    held: list[tuple[tuple, dict]] = []  # the target's input in one training step, as the callback holds it
     dtype = torch.bfloat16
 
     def context():
@@ -105,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
 
     root = args.cache_root or tempfile.mkdtemp(prefix="child-diagnostic-")
     options = CompileOptions(mode=args.mode)
+    hook = target.register_forward_pre_hook(lambda _m, a, k: held.append(_copy((a, k), "cpu")) if not held else None, with_kwargs=True)
     for _ in range(10):
         step()  # cuDNN's and the allocator's first-call work
+    hook.remove()
     for kind, niceness in phases:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"{kind}-", dir=root)
         os.environ.pop("TRITON_CACHE_DIR", None)
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             standby = background.Standby()
             time.sleep(STANDBY_LEAD_S)
         started = time.monotonic()
-        child = background.start("", module, (inputs, {}), options, context=context, device=device, verify=True,
+        child = background.start(args.module, target, held[0], options, context=context, device=device, verify=True,
                                  tolerance=None, standby=standby)
         child.time_limit_s = args.child_limit
         during: list[float | None] = []
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         steps = len(during)
         before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
-            "workload": args.workload, "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
+            "workload": args.workload, "module": args.module or "(whole model)", "phase": kind, "niceness": niceness, "mode": args.mode, "ok": ok, "detail": detail,
             "async_steps": args.async_steps, "cudnn_benchmark": args.cudnn_benchmark,
             "waited_s": waited, "child_s": child.seconds, "stages": child.stages,
             "eager_before_ms": statistics.median(before) if before else None,
