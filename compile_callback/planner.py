@@ -21,8 +21,8 @@ from compile_callback import torch_internals
 from compile_callback.background import POLL_EVERY, BackgroundCompile, Unavailable
 from compile_callback.memory import GB, graph_pool_misfit
 from compile_callback.payback import (
-    CompileCosts, Priced, after_background, background_pays, compile_units, graph_trial_unpaid, payback_order,
-    saving_seconds,
+    GRAPH_SAVED_SHARE, SAVED_SHARE, CompileCosts, Priced, after_background, background_pays, compile_units,
+    graph_trial_unpaid, payback_order, saving_seconds,
 )
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
@@ -258,6 +258,29 @@ def mark_not_kept(decisions: list[Decision], region: Region, reason: str) -> Non
             decision.reason = reason
 
 
+def mark_replaced(decisions: list[Decision], region: Region, by: str) -> None:
+    """A kept region is replaced by ``by`` (the whole model), whose speedup was measured against it: its
+    decision is kept no more, and its speedup still prices the plan (:meth:`AutoPlanner.priced_speedup`)."""
+    for decision in decisions:
+        if decision.kept and decision.region == region.name:
+            decision.kept = False
+            decision.replaced_by = by
+            decision.reason += f"; then replaced by `{by}`, faster than it"
+
+
+def _set_aside(regions: list[Region]) -> dict[nn.Module, Any]:
+    """Runs ``regions`` eagerly for now, their compiled code kept for :func:`_put_back` (no compile again)."""
+    saved = {m: torch_internals.compiled_call(m) for r in regions for m in r.modules}
+    for module in saved:
+        torch_internals.restore_compiled_call(module, None)
+    return saved
+
+
+def _put_back(saved: dict[nn.Module, Any]) -> None:
+    for module, call in saved.items():
+        torch_internals.restore_compiled_call(module, call)
+
+
 PROFILE = "profile"
 
 
@@ -479,10 +502,11 @@ class AutoPlanner(_CompilesRegions):
         trials = 0
         self._all_candidates = self._candidates(candidates)
         plan = self._order(self._all_candidates)
-        if self.launch_bound and self.options.mode is None and plan and plan[0].name == MODEL:
+        whole_at = next((i for i, c in enumerate(plan) if c.name == MODEL), None)
+        if self._graphs_first() and whole_at is not None:
             # A launch-bound step gains most from CUDA graphs, which need the whole step in few graphs:
-            # try the whole model with reduce-overhead first, then everything else as usual.
-            plan.insert(0, dataclasses.replace(plan[0], mode="reduce-overhead"))
+            # the whole model is tried with reduce-overhead before it is in default mode.
+            plan.insert(whole_at, dataclasses.replace(plan[whole_at], mode="reduce-overhead"))
         for index, candidate in enumerate(plan):
             if trials >= self.max_trials:
                 self.notes.append(f"stopped after max_trials={self.max_trials}")
@@ -528,7 +552,10 @@ class AutoPlanner(_CompilesRegions):
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
         options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
         control = label + CONTROL
-        interleaved = options.mode != "reduce-overhead"
+        # The whole model after a kept part (payback.part_first_in_background) replaces it: the part runs
+        # eagerly during the trial, and the plan before it (the part compiled) is timed right before it.
+        replaces = list(self._kept) if candidate.name == MODEL else []
+        interleaved = options.mode != "reduce-overhead" and not replaces
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
         if not (yield from self._hold_inputs(candidate.region)):
@@ -547,6 +574,7 @@ class AutoPlanner(_CompilesRegions):
                 return None
         self._last_failure = ""
         self.watch.add_region(candidate.region)
+        set_aside = _set_aside(replaces)
         compile_region(candidate.region, options)
         compile_before = self._compile_counts([candidate.region.name])
         verdict = self._checked_in_child(candidate.region, checked, [candidate.region.name]) or self._verify(candidate.region)
@@ -555,21 +583,29 @@ class AutoPlanner(_CompilesRegions):
             guard_region(candidate.region, self._failed)
         else:
             revert_region(candidate.region)
+            _put_back(set_aside)
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
                          **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released, child_s))
             return None
-        for _ in range(self.warmup_steps):
-            yield WARMUP
-        if interleaved:
-            yield from self._interleaved(candidate.region, label, control)
-        else:
-            yield from self._window(label)
+        try:
+            for _ in range(self.warmup_steps):
+                yield WARMUP
+            if interleaved:
+                yield from self._interleaved(candidate.region, label, control)
+            else:
+                yield from self._window(label)
+        except GeneratorExit:  # the fit ended during the trial: the plan before it stands
+            if replaces:
+                revert_region(candidate.region)
+                _put_back(set_aside)
+            raise
         if not self.agree_all(candidate.region.is_compiled):  # its guard reverted it (on some rank) during the trial
             if candidate.region.is_compiled:
                 failure = "on another rank"
             else:
                 failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
+            _put_back(set_aside)
             self._decide(candidate, options, kept=False,
                          reason=f"failed at run time during its trial, reverted to eager: {failure}", **background,
                          setup_s=_setup_s(verdict, released, child_s))
@@ -580,12 +616,19 @@ class AutoPlanner(_CompilesRegions):
         compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])
         how = "between its own steps" if interleaved else "right before it" + _retimed(windows)
         if keep:
+            for part in replaces:  # compiled code set aside: dropped now
+                part.compiled_with = None
+                if part in self.regions:
+                    self.regions.remove(part)
+                self._kept.remove(part)
+                mark_replaced(self.decisions, part, candidate.name)
             self.regions.append(candidate.region)
             self._kept.append(candidate.region)
             reason = (f"{speedup:.3f}x faster than the plan before it, timed {how} ({low:.3f}x by lower quartiles; "
                       f"threshold {threshold:.3f}x)")
         else:
             revert_region(candidate.region)
+            _put_back(set_aside)
             reason = (
                 f"not faster: {speedup:.3f}x against the plan before it, timed {how} ({low:.3f}x by lower "
                 f"quartiles; threshold {threshold:.3f}x)"
@@ -841,7 +884,9 @@ class AutoPlanner(_CompilesRegions):
         eager code)."""
         if not self.frozen:
             return None
-        kept = [d for d in self.decisions if d.kept and d.speedup is not None]
+        # A part the whole model replaced priced the plan the whole model was measured against.
+        standing = {d.region for d in self.decisions if d.kept}
+        kept = [d for d in self.decisions if (d.kept or d.replaced_by in standing) and d.speedup is not None]
         if not kept and any(d.kept for d in self.decisions):
             return None  # kept without a measurement (a plan saved before decisions carried one)
         speedup = math.prod(d.speedup for d in kept)
@@ -904,12 +949,23 @@ class AutoPlanner(_CompilesRegions):
              "saving_s_estimate": saving_seconds(c.share, self.eager_ms, batches) if self.eager_ms else None}
             for c in hot
         ]
+        by_name = {c.name: c for c in candidates}
+
+        def in_background(priced: Priced) -> bool:
+            return self._in_background(by_name[priced.name].region, priced.units)[0]
+
+        whole_saved = GRAPH_SAVED_SHARE if self._graphs_first() else SAVED_SHARE
         # One broadcast: rank 0's order, note and figures on every rank.
-        order, note, self.weighed = self.agree((*payback_order(hot, costs, step_ms=self.eager_ms, batches=batches), weighed))
+        order, note, self.weighed = self.agree((*payback_order(hot, costs, step_ms=self.eager_ms, batches=batches,
+                                                               in_background=in_background, whole_saved=whole_saved),
+                                                weighed))
         if note:
             self.notes.append(note)
-        by_name = {c.name: c for c in candidates}
         return [by_name[name] for name in order]
+
+    def _graphs_first(self) -> bool:
+        """Whether the whole model is tried with CUDA graphs first: a launch-bound step, no mode asked for."""
+        return bool(self.launch_bound) and self.options.mode is None
 
     def _batches_left(self, candidate: Candidate | None = None) -> int:
         """Training batches left once ``candidate``'s trial (or none) and the frozen plan's warm-up are done."""

@@ -62,6 +62,7 @@ class Decision:
     # background child prepared it, the child's stages ("in the child: start-up (interpreter and imports)",
     # "... loading (unpickling, to the device)", its verification's stages): spent while training went on.
     setup_s: dict[str, float] | None = None
+    replaced_by: str | None = None  # kept, then replaced by this region (the whole model), priced against it
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,14 +3,17 @@ tried first, and the whole model after it is judged on the compile seconds measu
 
 import time
 
+import lightning as L
 import pytest
+import torch
 from torch import nn
 
 from compile_callback import CompileCallback, payback, profile
 from compile_callback.run import PROFILE_STEPS
 from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds
 from compile_callback.regions import backend_name
-from tests.conftest import TinyModel, loader, make_trainer
+from compile_callback.torch_internals import is_module_compiled
+from tests.conftest import Block, TinyModel, loader, make_trainer
 
 GRAPH_S = 0.15
 
@@ -213,3 +216,121 @@ def test_a_compile_in_the_background_is_priced_by_the_stopped_training_and_the_b
     stopped, left = payback.after_background(3.15, step_ms=43.0, batches=4900)
     assert stopped == pytest.approx(0.315) and left == 4900 - 394
     assert payback.after_background(30.0, step_ms=43.0, batches=100) == (pytest.approx(3.0), 0)
+
+
+def test_in_the_background_a_part_ready_much_sooner_goes_first_and_the_whole_model_after_it():
+    # The H200's GPT-2 recipe (launch-bound: the whole model saves half its step with CUDA graphs): its blocks
+    # (69% of the step, 10 leaves) are priced at a ~17 s child, the whole model (125 leaves) at ~55 s. Over a
+    # 1400-batch run the whole model's plan would start at batch ~1270; the blocks' at ~400.
+    gpt2_blocks = Priced("transformer.h.*", 0.69, 10, False)
+    costs = CompileCosts("inductor")
+    first = payback.part_first_in_background(WHOLE, [gpt2_blocks, HEAD], costs, step_ms=43.4, batches=1400,
+                                             whole_saved=payback.GRAPH_SAVED_SHARE)
+    assert first is not None and first[0] is gpt2_blocks
+    assert first[1].startswith("payback order: `transformer.h.*` is prepared in the background first (ready in ~17 s "
+                               "against ~55 s for the whole model"), first[1]
+    order, note = payback_order([WHOLE, HEAD, gpt2_blocks], costs, step_ms=43.4, batches=1400,
+                                in_background=lambda _: True, whole_saved=payback.GRAPH_SAVED_SHARE)
+    assert order == ["transformer.h.*", "model", "lm_head"] and note == first[1]
+    # ResNet-50 (launch-bound too): its largest part, layer1, has a third of the step and would save a sixth
+    # of what the whole model's graphs do; waiting ~15 s more for the whole model costs less: whole first.
+    layer1 = Priced("net.layer1.*", 0.32, 9, False)
+    assert payback.part_first_in_background(Priced("model", 1.0, 126, True), [layer1], costs, step_ms=29.5,
+                                            batches=20000, whole_saved=payback.GRAPH_SAVED_SHARE) is None
+    # Where the whole model compiles in-process (no child to wait for), or the part would, nothing changes.
+    in_process = payback_order([WHOLE, gpt2_blocks], costs, step_ms=43.4, batches=1400, whole_saved=payback.GRAPH_SAVED_SHARE)
+    assert in_process == (["model", "transformer.h.*"], None)
+    only_whole = payback_order([WHOLE, gpt2_blocks], costs, step_ms=43.4, batches=1400,
+                               in_background=lambda c: c.whole, whole_saved=payback.GRAPH_SAVED_SHARE)
+    assert only_whole == (["model", "transformer.h.*"], None)
+
+
+class SleepyBlock(Block):
+    """Eager forwards sleep 15 ms; compiled ones do not (dynamo traces with ``is_compiling()`` true)."""
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            time.sleep(0.015)
+        return super().forward(x)
+
+
+class SleepyRoot(TinyModel):
+    """Three sleepy blocks (45 ms eagerly) and, where ``root_sleep_s``, as long again in the root's own
+    forward: compiling the blocks saves their sleep, the whole model every sleep."""
+
+    def __init__(self, root_sleep_s: float = 0.04, step_sleep_s: float = 0.0) -> None:
+        super().__init__(depth=3, block=SleepyBlock)
+        self.root_sleep_s = root_sleep_s
+        self.step_sleep_s = step_sleep_s  # outside the model: no compile saves it
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            time.sleep(self.root_sleep_s)
+        return super().forward(x)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.step_sleep_s)
+        return super().training_step(batch, batch_idx)
+
+
+class StopWhenFrozen(L.Callback):
+    """Ends the fit a few batches after the plan froze (the run was planned longer: the order weighs that)."""
+
+    def __init__(self, callback: CompileCallback) -> None:
+        self.callback = callback
+
+    def on_train_batch_end(self, trainer, *args):
+        planner = self.callback.run.planner
+        if planner.frozen and trainer.global_step > planner._batch_index - 1 + 3:
+            trainer.should_stop = True
+
+
+def _part_first_fit(tmp_path, monkeypatch, model):
+    # Children priced at the compile estimate alone, one second a leaf for dynamo's eager backend: the
+    # blocks (one leaf, ~1 s, ~11 batches) ready long before the whole model (5 leaves, ~5 s, ~55 batches).
+    monkeypatch.setattr(payback, "FIXED_UNITS", 0)
+    monkeypatch.setattr(payback, "CHILD_START_S", 0.0)
+    monkeypatch.setattr(payback, "CHILD_COMPILE_FACTOR", 1.0)
+    monkeypatch.setitem(payback.PRIOR_SECONDS_PER_UNIT, "eager", 1.0)
+    callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=3)
+    trainer = make_trainer(tmp_path, [callback, StopWhenFrozen(callback)], max_steps=2000, max_epochs=1000,
+                           limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert callback.run.planner.frozen and trainer.global_step == model.batches_seen  # no batch lost or repeated
+    report = callback.last_report
+    assert any(n.startswith("payback order: `blocks.*` is prepared in the background first") for n in report["plan"]["notes"])
+    return callback, report["decisions"]
+
+
+@pytest.mark.slow
+def test_the_whole_model_prepared_after_a_kept_part_replaces_it(tmp_path, monkeypatch):
+    model = SleepyRoot()
+    callback, decisions = _part_first_fit(tmp_path, monkeypatch, model)
+    blocks, whole = decisions[0], decisions[1]
+    assert [blocks["region"], whole["region"]] == ["blocks.*", "model"], decisions
+    assert blocks["background"].startswith("prepared in the background") and whole["background"].startswith("prepared")
+    # The blocks were kept, then the whole model, timed right before it against the blocks compiled, replaced them.
+    assert not blocks["kept"] and blocks["replaced_by"] == "model" and "then replaced by `model`" in blocks["reason"]
+    assert whole["kept"] and "timed right before it" in whole["reason"] and whole["speedup"] > 1.5
+    assert whole["baseline_ms"] < 0.8 * decisions[0]["baseline_ms"]  # its control was the blocks' plan, not eager
+    assert [r.name for r in callback.run.planner.regions] == ["model"]
+    assert is_module_compiled(model) and not any(is_module_compiled(b) for b in model.blocks)
+    # The plan's price chains both measurements: eager -> blocks -> whole model.
+    priced, _ = callback.run.planner.priced_speedup()
+    assert priced == pytest.approx(blocks["speedup"] * whole["speedup"])
+
+
+@pytest.mark.slow
+def test_a_whole_model_no_faster_than_the_kept_part_leaves_the_part_compiled(tmp_path, monkeypatch):
+    # The blocks' sleep is all the model's time, and the step's own 20 ms hide the rest: the whole model
+    # saves no more than the blocks do.
+    model = SleepyRoot(root_sleep_s=0.0, step_sleep_s=0.02)
+    callback, decisions = _part_first_fit(tmp_path, monkeypatch, model)
+    blocks, whole = decisions[0], decisions[1]
+    assert blocks["kept"] and blocks["replaced_by"] is None, [(d["region"], d["reason"], d["baseline_ms"], d["step_ms"]) for d in decisions]
+    assert not whole["kept"] and whole["reason"].startswith("not faster"), whole
+    # The blocks' compiled code was put back (no compile again) and runs: no eager sleep in the last steps.
+    assert [r.name for r in callback.run.planner.regions] == ["blocks.*"]
+    assert all(is_module_compiled(b) for b in model.blocks) and not is_module_compiled(model)
+    assert callback.last_report["summary"]["regions_compiled"] >= 1
