@@ -51,8 +51,10 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     # on the interpreter started with the fit (its start and imports out of the child's way).
     niceness = min(19, os.nice(0) + background.CHILD_NICENESS)
     assert decision["background"].endswith(f" in all, at niceness {niceness}; its interpreter started with the fit)"), decision
-    [standby] = standbys
+    standby, following = standbys  # handing the first over started the next child's, never used: stopped
     assert standby.process.poll() == 0 and not os.path.exists(standby.log)  # it exited of itself, its log read and gone
+    assert following.preload == standby.preload and following.process.poll() is not None
+    assert not os.path.exists(following.log)
     # Where the child's time went, though it verified nothing that stands here: each stage, and together no
     # more than the child's whole life (its start-up counted from the spawn).
     child = {k.removeprefix("in the child: "): v for k, v in decision["setup_s"].items() if k.startswith("in the child: ")}

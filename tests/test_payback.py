@@ -278,10 +278,12 @@ class StopWhenFrozen(L.Callback):
 
     def __init__(self, callback: CompileCallback) -> None:
         self.callback = callback
+        self.frozen_at: int | None = None
 
     def on_train_batch_end(self, trainer, *args):
-        planner = self.callback.run.planner
-        if planner.frozen and trainer.global_step > planner._batch_index - 1 + 3:
+        if self.frozen_at is None and self.callback.run.planner.frozen:
+            self.frozen_at = trainer.global_step
+        if self.frozen_at is not None and trainer.global_step >= self.frozen_at + 3:
             trainer.should_stop = True
 
 
@@ -298,6 +300,7 @@ def _part_first_fit(tmp_path, monkeypatch, model):
                            limit_val_batches=0)
     trainer.fit(model, loader(batch_size=8))
     assert callback.run.planner.frozen and trainer.global_step == model.batches_seen  # no batch lost or repeated
+    assert trainer.global_step < 2000
     report = callback.last_report
     assert any(n.startswith("payback order: `blocks.*` is prepared in the background first") for n in report["plan"]["notes"])
     return callback, report["decisions"]
