@@ -507,13 +507,17 @@ class AutoPlanner(_CompilesRegions):
             # A launch-bound step gains most from CUDA graphs, which need the whole step in few graphs:
             # the whole model is tried with reduce-overhead before it is in default mode.
             plan.insert(whole_at, dataclasses.replace(plan[whole_at], mode="reduce-overhead"))
+        whole_skipped = False
         for index, candidate in enumerate(plan):
             if trials >= self.max_trials:
                 self.notes.append(f"stopped after max_trials={self.max_trials}")
                 break
             if any(r.name == MODEL for r in self._kept):
                 break  # the whole model is compiled: its parts (and other modes of it) are not tried
+            if candidate.name == MODEL and whole_skipped:
+                continue  # its other mode costs the same compile: skipped once, said once
             if not self._worth_trying(candidate, current_ms):
+                whole_skipped = whole_skipped or candidate.name == MODEL
                 continue
             trials += 1
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
