@@ -58,10 +58,29 @@ class CompileCosts:
     backend: str
     measured: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # cold: (units, seconds)
     warm: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # served (partly) from the cache
+    # Seconds each trial's set-up batch stopped training beyond its compile (verification, parking the
+    # optimizer's state, a memory release): a trial costs them too. On the H200 GPT-2's blocks: 1.6-1.9 s a
+    # trial beside a 3.5 s compile; priced at the compile alone, a CUDA-graph trial of them was run where
+    # the 290 batches left could not repay its 5.2 s stall (2026-12-03).
+    checks: list[float] = dataclasses.field(default_factory=list)
 
     def observe(self, units: int, seconds: float, *, cold: bool = True) -> None:
         if seconds > 0:
             (self.measured if cold else self.warm).append((units, seconds))
+
+    def observe_check(self, seconds: float) -> None:
+        """A trial's set-up batch spent ``seconds`` beyond its compile."""
+        self.checks.append(max(0.0, seconds))
+
+    @property
+    def check_s(self) -> float:
+        """What a trial's set-up costs beyond its compile: the mean of this run's, 0 before one was timed."""
+        return sum(self.checks) / len(self.checks) if self.checks else 0.0
+
+    def trial_seconds(self, units: int) -> float | None:
+        """A trial's cost in stopped training: its compile as estimated plus the set-up measured in this run."""
+        compile_s = self.seconds(units)
+        return None if compile_s is None else compile_s + self.check_s
 
     @staticmethod
     def _rate_of(compiles: list[tuple[int, float]]) -> float:
@@ -201,15 +220,17 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     """Why the CUDA-graph trial of the ``kept`` regions cannot repay recompiling them over ``batches``
     (``reduce-overhead`` compiles its own graphs: on the H200 GPT-2's cold ones took 25.7 s after the
     default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known."""
-    cost = costs.seconds(sum(c.units for c in kept)) if costs.known else None
+    cost = costs.trial_seconds(sum(c.units for c in kept)) if costs.known else None
     if cost is None or not step_ms:
         return None
     share = min(1.0, sum(c.share for c in kept))
     saving = saving_seconds(share, step_ms, batches, saved=GRAPH_SAVED_SHARE)
     if saving >= cost:
         return None
+    checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
     return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s, "
-            f"recompiling the kept regions for it costs ~{cost:.1f} s (estimated {costs.source})")
+            f"recompiling the kept regions for it costs ~{cost - costs.check_s:.1f} s (estimated {costs.source})"
+            f"{checking}")
 
 
 # Background compiles (compile_callback.background), where chosen rather than asked for: a compile

@@ -984,11 +984,16 @@ class AutoPlanner(_CompilesRegions):
 
     def _costs(self) -> CompileCosts:
         """Compile seconds per unit: from this run's decisions (a region's first; cold ones price a cold
-        compile, warm ones only bound it), else the backend's prior."""
+        compile, warm ones only bound it), else the backend's prior; and what its trials' set-up batches
+        cost beyond their compiles."""
         costs = CompileCosts(backend_name(self.options.backend))
         units = {c.name: c.units for c in self._all_candidates}
         seen: set[str] = set()
         for decision in self.decisions:
+            setup = decision.setup_s or {}
+            if "verification in all" in setup:  # the set-up batch's stop beyond its compile
+                costs.observe_check(setup["verification in all"] + setup.get("memory release", 0.0)
+                                    - (decision.compile_seconds or 0.0))
             if decision.compile_seconds and decision.region in units and decision.region not in seen:
                 seen.add(decision.region)
                 cold = decision.compile_cache in (None, "cold")  # None: a backend without Inductor's cache
@@ -1084,6 +1089,9 @@ class AutoPlanner(_CompilesRegions):
             if self._in_background(candidate.region, candidate.units)[0]:
                 cost, remaining = after_background(estimate, step_ms=current_ms, batches=remaining)
                 how = f"compiling costs ~{cost:.1f} s of stopped training after a background compile of ~{estimate:.1f} s"
+            if costs.check_s:
+                cost += costs.check_s
+                how += f", checking it ~{costs.check_s:.1f} s more (as this run's trials did)"
             saving_s = saving_seconds(candidate.share, current_ms, max(0, remaining))
             if saving_s < cost:
                 reason = f"skipped: {max(0, remaining)} batches left save ~{saving_s:.1f} s, {how} (estimated {costs.source})"

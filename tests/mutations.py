@@ -605,6 +605,20 @@ MUTATIONS = [
         new="            compile_s += 0.0\n",
         tests=("tests/benchmarks/test_smoke.py::test_targets_are_judged_on_the_callback_variant",),
     ),
+    Mutation(
+        name="a trial is priced at its compile alone, not its set-up",
+        path="compile_callback/planner.py",
+        old="                costs.observe_check(setup[\"verification in all\"] + setup.get(\"memory release\", 0.0)\n",
+        new="                costs.observe_check(0.0 * setup[\"verification in all\"] + setup.get(\"memory release\", 0.0)\n",
+        tests=("tests/test_auto.py::test_a_skipped_trial_is_priced_with_the_set_up_the_tried_ones_took",),
+    ),
+    Mutation(
+        name="the CUDA-graph trial's price leaves out the run's set-up",
+        path="compile_callback/payback.py",
+        old="    cost = costs.trial_seconds(sum(c.units for c in kept)) if costs.known else None\n",
+        new="    cost = costs.seconds(sum(c.units for c in kept)) if costs.known else None\n",
+        tests=("tests/test_payback.py::test_a_trials_set_up_beyond_its_compile_is_priced_too",),
+    ),
 ]
 
 

@@ -206,6 +206,16 @@ def test_short_run_skips_trials_it_cannot_finish(tmp_path):
     assert decisions and all(d["reason"] == "skipped: the run ends before a trial could finish" for d in decisions)
 
 
+def test_a_skipped_trial_is_priced_with_the_set_up_the_tried_ones_took(tmp_path):
+    # Verification's stop beyond the compile is a trial's cost too (payback.CompileCosts.check_s).
+    report, _ = fit(tmp_path, auto(backend="test_sleepy", max_trials=3), max_epochs=8)
+    tried = [d for d in report["decisions"] if d["setup_s"]]
+    skipped = [d for d in report["decisions"] if d["reason"].startswith("skipped: ") and "batches left save" in d["reason"]]
+    assert tried and skipped, report["decisions"]
+    check = statistics.mean(d["setup_s"]["verification in all"] - d["compile_seconds"] for d in tried)
+    assert all(f", checking it ~{check:.1f} s more (as this run's trials did)" in d["reason"] for d in skipped), skipped
+
+
 @pytest.mark.slow
 def test_warm_restart_skips_trials_and_compiles_faster(tmp_path):
     def run(path):

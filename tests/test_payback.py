@@ -76,6 +76,23 @@ def test_cuda_graphs_are_tried_only_where_recompiling_for_them_repays():
     assert graph_trial_unpaid([BLOCKS], costs, step_ms=None, batches=100) is None
 
 
+def test_a_trials_set_up_beyond_its_compile_is_priced_too():
+    """The H200's GPT-2 (2026-12-03): priced at its 3.15 s compile alone, the blocks' CUDA-graph trial was run
+    with 290 batches left and stopped training 5.2 s (verification and parking the optimizer ~1.6 s more)."""
+    costs = CompileCosts("inductor")
+    costs.observe(10, 1.1, cold=False)
+    assert costs.check_s == 0.0 and costs.trial_seconds(10) == pytest.approx(costs.seconds(10))
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=290) is None  # ~4.4 s saved, 3.3 s compile
+    costs.observe_check(2.1)
+    costs.observe_check(1.7)
+    assert costs.check_s == pytest.approx(1.9) and costs.trial_seconds(10) == pytest.approx(costs.seconds(10) + 1.9)
+    note = graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=290)
+    assert note is not None and "would save ~4.4 s" in note and "costs ~3.3 s" in note and "~1.9 s more" in note, note
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400) is None  # ~6.1 s saved: tried
+    costs.observe_check(-0.5)  # a set-up quicker than its compile's record (clock granularity): counts nothing
+    assert costs.checks[-1] == 0.0
+
+
 # GPT-2-like: the whole model (125 leaves) and a group of twelve 10-leaf blocks with 80% of the step.
 WHOLE, BLOCKS, HEAD = Priced("model", 1.0, 125, True), Priced("h.*", 0.8, 10, False), Priced("lm_head", 0.15, 1, False)
 
