@@ -10,8 +10,13 @@ run's own modules and batches, no recompile. The round's ratio of medians become
 cycles' spread the uncertainty.
 
 Costs, kept small on purpose: a round's eager steps take longer than the plan's; the next round waits
-until that excess is at most :data:`BUDGET` of the compiled time since (0.5%), and the first waits
-:data:`FIRST_AFTER` batches after the plan froze. Rounds run only where batches come in one shape (a
+until that excess is at most :data:`BUDGET` of the compiled time since (1%), and the first waits
+:data:`FIRST_AFTER` batches after the plan froze. The latest round prices the run, so the budget decides
+how stale that price is by the run's end: at 0.5% ResNet-18 CIFAR's next round came ~3,900 batches after
+its first (at batch ~630), and in 3000-batch runs its one round read -6.4% to +9.6% from eager and
+compiled blocks timed at the run's end, eager moving 8% in the minute between (H200, 2026-12-03; the
+harness's own clock over the round's batches agreed with it within 1.4%); at 1% the next comes ~1,950
+batches later. Rounds run only where batches come in one shape (a
 mix would spread each block; several shapes are priced shape by shape already), and, for a plan of CUDA
 graphs, only where the device has room for eager activations beside the graphs' pool (the memory rule
 of issue 19); otherwise the trials' price stands and the report says why. Under DDP every rank runs the
@@ -29,7 +34,7 @@ from compile_callback.timing import summarize
 
 BLOCK = 4  # steps per block, the first not timed
 CYCLES = 2  # ABBA cycles per round
-BUDGET = 0.005  # a round's extra time (eager over compiled) as a share of the compiled time until the next
+BUDGET = 0.01  # a round's extra time (eager over compiled) as a share of the compiled time until the next
 FIRST_AFTER = 500  # batches after the plan froze before the first round
 EAGER, COMPILED = "reprice:eager", "reprice:compiled"  # the timer's labels of a round's timed steps
 
