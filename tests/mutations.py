@@ -619,6 +619,13 @@ MUTATIONS = [
         new="    cost = costs.seconds(sum(c.units for c in kept)) if costs.known else None\n",
         tests=("tests/test_payback.py::test_a_trials_set_up_beyond_its_compile_is_priced_too",),
     ),
+    Mutation(
+        name="children compile torch's sources again where no bytecode is written",
+        path="compile_callback/background.py",
+        old="    env = bytecode_env(dict(os.environ), installed=_installed_bytecode())\n",
+        new="    env = dict(os.environ)\n",
+        tests=("tests/test_background.py::test_children_cache_bytecode_of_their_own_only_where_none_is_written",),
+    ),
 ]
 
 
