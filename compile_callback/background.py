@@ -323,17 +323,20 @@ def _write_payload(
     return payload
 
 
-def bytecode_env(env: dict[str, str], *, installed: bool) -> dict[str, str]:
-    """``env`` for a child that may cache its imports' bytecode. Where ``env`` says not to write bytecode
-    (``PYTHONDONTWRITEBYTECODE``, common in container images), sets aside no folder for it
-    (``PYTHONPYCACHEPREFIX``) and torch came without it (``installed``: torch's own ``.pyc``), every child
-    compiles torch's sources again: on the H200's host (``PYTHONDONTWRITEBYTECODE=1``, no ``.pyc`` in torch) a
-    child's imports took 12-21 s of CPU, against 4.7 s on a machine with bytecode. There children write and
-    read bytecode in a folder of their own (:data:`BYTECODE_DIR`), never beside the sources, so every child
-    after the first on a machine starts from bytecode."""
+def bytecode_env(env: dict[str, str], *, installed: bool, write: bool) -> dict[str, str]:
+    """``env`` for a child that reads (and where ``write``, writes) its imports' bytecode in a folder of its own.
+
+    Where ``env`` says not to write bytecode (``PYTHONDONTWRITEBYTECODE``, common in container images), sets
+    aside no folder for it (``PYTHONPYCACHEPREFIX``) and torch came without it (``installed``: torch's own
+    ``.pyc``), every child compiles torch's sources again: on the H200's host (``PYTHONDONTWRITEBYTECODE=1``,
+    no ``.pyc`` in torch) a standby's imports took 16-23 s from the sources, 29-30 s writing bytecode and
+    7.5-10.7 s reading it (2026-12-03). There children read bytecode from :data:`BYTECODE_DIR`, never beside the
+    sources, and only a child off the run's critical path writes it (``write``: the standby started while
+    another child compiles), so the fit's first child never pays for the writing and a later fit's starts
+    from bytecode."""
     if not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX") or installed:
         return env
-    env = {name: value for name, value in env.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    env = {name: value for name, value in env.items() if not (write and name == "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPYCACHEPREFIX"] = BYTECODE_DIR
     return env
 
@@ -343,11 +346,13 @@ def _installed_bytecode() -> bool:
     return os.path.exists(importlib.util.cache_from_source(torch.__file__))
 
 
-def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
-    """A fresh interpreter running this module with ``arguments``, its output in a log file of its own."""
+def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
+           write_bytecode: bool = False) -> tuple[subprocess.Popen, str]:
+    """A fresh interpreter running this module with ``arguments``, its output in a log file of its own
+    (``write_bytecode``: see :func:`bytecode_env`)."""
     handle, log = tempfile.mkstemp(prefix="compile-callback-", suffix=".log")
     os.close(handle)
-    env = bytecode_env(dict(os.environ), installed=_installed_bytecode())
+    env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
     with open(log, "w") as output:
         process = subprocess.Popen([sys.executable, "-m", "compile_callback.background", *arguments],
@@ -373,10 +378,12 @@ class Standby:
     stopped by :meth:`stop` where the search ends without a child (a fit that dies closes its pipe, and a
     waiting standby then exits)."""
 
-    def __init__(self, preload: tuple[str, ...] = ()) -> None:
-        """``preload``: modules the payload will need (the LightningModule's own), imported while it waits."""
+    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False) -> None:
+        """``preload``: modules the payload will need (the LightningModule's own), imported while it waits;
+        ``write_bytecode``: where none is written, it writes its imports' own (:func:`bytecode_env`)."""
         self.preload = tuple(preload)
-        self.process, self.log = _spawn([STANDBY, str(os.getpid()), *preload], stdin=subprocess.PIPE)
+        self.process, self.log = _spawn([STANDBY, str(os.getpid()), *preload], stdin=subprocess.PIPE,
+                                        write_bytecode=write_bytecode)
 
     def go(self, payload: str) -> bool:
         """Hands ``payload`` to the waiting interpreter; False where it is gone (then nothing was sent)."""
@@ -411,7 +418,7 @@ class Launcher:
         waiting, self.standby = self.standby, None
         child = start(name, module, held, options, standby=waiting, **self.settings)
         if waiting is not None and child.standby:  # not after a standby that died waiting (its log says why)
-            self.standby = Standby(waiting.preload)
+            self.standby = Standby(waiting.preload, write_bytecode=True)  # its imports wait on no one
         return child
 
     def close(self) -> None:

@@ -622,8 +622,15 @@ MUTATIONS = [
     Mutation(
         name="children compile torch's sources again where no bytecode is written",
         path="compile_callback/background.py",
-        old="    env = bytecode_env(dict(os.environ), installed=_installed_bytecode())\n",
+        old="    env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)\n",
         new="    env = dict(os.environ)\n",
+        tests=("tests/test_background.py::test_children_cache_bytecode_of_their_own_only_where_none_is_written",),
+    ),
+    Mutation(
+        name="the fit's first standby writes bytecode on the critical path",
+        path="compile_callback/background.py",
+        old="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False) -> None:\n",
+        new="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = True) -> None:\n",
         tests=("tests/test_background.py::test_children_cache_bytecode_of_their_own_only_where_none_is_written",),
     ),
 ]

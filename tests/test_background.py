@@ -193,31 +193,43 @@ def test_a_standby_imports_what_it_is_given_and_a_module_it_cannot_import_is_onl
     assert not os.path.exists(standby.log)
 
 
-def test_children_cache_bytecode_of_their_own_only_where_none_is_written(tmp_path, monkeypatch):
+def test_children_cache_bytecode_of_their_own_only_where_none_is_written(monkeypatch):
     env = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/home/u"}
-    # The H200's host: no bytecode written, none set aside, none installed with torch.
-    child = background.bytecode_env(env, installed=False)
-    assert child == {"HOME": "/home/u", "PYTHONPYCACHEPREFIX": background.BYTECODE_DIR}
+    # The H200's host: no bytecode written, none set aside, none installed with torch. Every child reads
+    # from the folder; only one off the critical path writes to it.
+    reads = background.bytecode_env(env, installed=False, write=False)
+    assert reads == {**env, "PYTHONPYCACHEPREFIX": background.BYTECODE_DIR}
+    writes = background.bytecode_env(env, installed=False, write=True)
+    assert writes == {"HOME": "/home/u", "PYTHONPYCACHEPREFIX": background.BYTECODE_DIR}
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # the run's own environment untouched
-    assert background.bytecode_env({"HOME": "/home/u"}, installed=False) == {"HOME": "/home/u"}  # writes its own
-    assert background.bytecode_env(env, installed=True) == env  # a prefix would hide torch's installed bytecode
+    assert background.bytecode_env({"HOME": "/home/u"}, installed=False, write=True) == {"HOME": "/home/u"}  # its own
+    assert background.bytecode_env(env, installed=True, write=True) == env  # a prefix would hide torch's bytecode
     users = {**env, "PYTHONPYCACHEPREFIX": "/cache/pyc"}
-    assert background.bytecode_env(users, installed=False) == users  # the user's folder, inherited
-    # _spawn hands that environment to the child.
-    seen = {}
+    assert background.bytecode_env(users, installed=False, write=True) == users  # the user's folder, inherited
+    # A fit's first standby reads; the next, started while a child compiles, writes.
+    seen = []
 
     class Recorded:
         def __init__(self, args, **kwargs):
-            seen.update(kwargs["env"])
+            seen.append(kwargs["env"])
+            self.stdin = None
+
+        def poll(self):
+            return 0
 
     monkeypatch.setattr(background.subprocess, "Popen", Recorded)
     monkeypatch.setattr(background, "_installed_bytecode", lambda: False)
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
-    _, log = background._spawn(["--standby", "1"])
-    os.remove(log)
-    assert "PYTHONDONTWRITEBYTECODE" not in seen and seen["PYTHONPYCACHEPREFIX"] == background.BYTECODE_DIR
-    assert seen["PYTHONPATH"]
+    first = background.Standby(("json",))
+    monkeypatch.setattr(background, "start", lambda *args, **kwargs: type("Child", (), {"standby": True})())
+    launcher = background.Launcher(standby=first)
+    launcher("model", None, None, None)
+    assert [e.get("PYTHONDONTWRITEBYTECODE") for e in seen] == ["1", None]
+    assert all(e["PYTHONPYCACHEPREFIX"] == background.BYTECODE_DIR and e["PYTHONPATH"] for e in seen)
+    assert launcher.standby.preload == ("json",)
+    for standby in (first, launcher.standby):
+        os.remove(standby.log)
 
 
 def test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started(tmp_path, monkeypatch):

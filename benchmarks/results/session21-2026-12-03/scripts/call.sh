@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 21 GPU calls (session 20's script, plus whether the interpreter reads compiled bytecode (.pyc) and the standby's imports timed
 # once as the host has them and twice writing and then reading bytecode in a folder of their own, in machine.txt; -X importtime only
-# where IMPORTTIME is set)
+# where IMPORTTIME is set; SKIPDIAG=1 skips the standby timings)
 # Session 20 GPU calls (session 19's script, plus @child (benchmarks.diagnostics.child) and the standby's imports timed alone in machine.txt)
 # Session 19 GPU calls (session 18's script)
 # Session 18 GPU calls (session 17's script)
@@ -17,9 +17,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 L=$OUT/log.txt; mkdir -p /tmp/err
 { nvidia-smi -L; lscpu; cat /sys/devices/system/node/online; cat /proc/self/status | grep -i cpus_allowed_list; nproc; uptime; echo cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>&1); } > $OUT/machine.txt 2>&1
-for i in 1; do /usr/bin/time -f "standby imports alone: %e s wall %U user %S sys" python3 -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null >> $OUT/machine.txt 2>&1; done
+[ -z "$SKIPDIAG" ] && for i in 1; do /usr/bin/time -f "standby imports alone: %e s wall %U user %S sys" python3 -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null >> $OUT/machine.txt 2>&1; done
 { env | grep -E '^PYTHON'; python3 -c "import sys, os, glob, torch; d = os.path.dirname(torch.__file__); print('dont_write_bytecode', sys.flags.dont_write_bytecode, 'pycache_prefix', sys.pycache_prefix, 'torch dir writable', os.access(d, os.W_OK), 'dynamo .py', len(glob.glob(d + '/_dynamo/*.py')), '.pyc', len(glob.glob(d + '/_dynamo/__pycache__/*.pyc')))"
-  for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc-diag /usr/bin/time -f "standby imports, bytecode written to and read from PYTHONPYCACHEPREFIX=/tmp/pyc-diag (as the product's children, a folder of their own): %e s wall %U user %S sys" python3 -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null; done; } >> $OUT/machine.txt 2>&1
+  [ -z "$SKIPDIAG" ] && for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc-diag /usr/bin/time -f "standby imports, bytecode written to and read from PYTHONPYCACHEPREFIX=/tmp/pyc-diag (as the product's children, a folder of their own): %e s wall %U user %S sys" python3 -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null; done; } >> $OUT/machine.txt 2>&1
 [ -n "$IMPORTTIME" ] && python3 -X importtime -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null 2> /tmp/err/importtime.txt; sort -t'|' -k2 -n -r /tmp/err/importtime.txt | head -60 > $OUT/importtime.txt
 python3 -m benchmarks.diagnostics.hostclock run --out $OUT/clock.jsonl --interval 0.5 & CLOCK=$!
 n=0
