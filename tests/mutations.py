@@ -587,7 +587,7 @@ MUTATIONS = [
     Mutation(
         name="the launcher starts no standby for the next child",
         path="compile_callback/background.py",
-        old="            self.standby = Standby(waiting.preload)\n",
+        old="            self.standby = Standby(waiting.preload, write_bytecode=True)  # its imports wait on no one\n",
         new="            pass\n",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
