@@ -633,6 +633,13 @@ MUTATIONS = [
         new="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = True) -> None:\n",
         tests=("tests/test_background.py::test_children_cache_bytecode_of_their_own_only_where_none_is_written",),
     ),
+    Mutation(
+        name="a plan cut short by the run's length answers the steady-speed targets",
+        path="benchmarks/table.py",
+        old="        short = cut_short if steady_speed else None\n",
+        new="        short = None\n",
+        tests=("tests/benchmarks/test_smoke.py::test_a_plan_cut_short_by_the_runs_length_answers_no_steady_speed_target",),
+    ),
 ]
 
 

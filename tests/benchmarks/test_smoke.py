@@ -358,6 +358,42 @@ def test_targets_are_judged_on_the_callback_variant():
     assert aim.verdict == table.NOT_MET and aim.measured == "1.366×, 51.2 s (39.2 s of it in a background child)"
 
 
+def test_a_plan_cut_short_by_the_runs_length_answers_no_steady_speed_target():
+    def run(date, callback_ms, callback):
+        records = [{"variant": "eager", "status": "ok", "median_ms": 43.7},
+                   {"variant": "callback", "status": "ok", "median_ms": callback_ms, "compile_s": 1.0, "mfu": 0.36,
+                    "callback": callback}]
+        add_speedups(records, by_throughput=False)
+        return {**_result("gpt2", records), "date": date}
+
+    # A 1000-step run: the whole model skipped for the batches left, the blocks kept.
+    short = run("2026-12-03T19:36", 38.7, {
+        "summary": {"stall_s": 3.1},
+        "decisions": [{"region": "transformer.h.*", "kept": True, "reason": "1.135x faster than the plan before it"},
+                      {"region": "model", "kept": False,
+                       "reason": "skipped: 303 batches left save ~2.9 s, compiling costs ~18.8 s (estimated ...)"},
+                      {"region": "model", "kept": False, "reason": "skipped: the run ends before a trial could finish"}],
+        "plan": {"notes": []}})
+    verdicts = {v.target: v.verdict for v in table.evaluate_targets(short)}
+    cut = "n/a (a plan cut short by the run's length: `model` skipped for the batches left)"
+    for target in ("callback speedup ≥ 1.31× (best anchor)", "aim: ≥ 1.35× with ≤ 15 s compiling",
+                   "MFU ≥ 45% (6N + attention, 989 TFLOP/s)"):
+        assert verdicts[target] == cut, target
+    assert verdicts["training loop waits for the compiler ≤ 5 s (cold)"] == table.MET  # still answered
+    assert verdicts["callback never slower than eager"] == table.MET
+    # An untried CUDA-graph trial for the batches left cuts the plan short too; a skip for another reason does not.
+    graphs = {**short["records"][1]["callback"], "decisions": [],
+              "plan": {"notes": ["reduce-overhead (CUDA graphs) not tried: the 290 batches left would save ~4.4 s, ..."]}}
+    short["records"][1]["callback"] = graphs
+    assert {v.target: v.verdict for v in table.evaluate_targets(short)}["callback speedup ≥ 1.31× (best anchor)"] == (
+        "n/a (a plan cut short by the run's length: CUDA graphs skipped for the batches left)")
+    # The table then takes the steady-speed rows from the newest run whose plan its length did not decide.
+    steady = run("2026-12-03T18:28", 35.2, {"decisions": [{"region": "model", "kept": True, "reason": "1.24x"}]})
+    chosen = {v.target: (v.verdict, r["date"]) for v, r in table.best_verdicts([short, steady])}
+    assert chosen["callback speedup ≥ 1.31× (best anchor)"] == (table.NOT_MET, "2026-12-03T18:28")  # 1.241x
+    assert chosen["training loop waits for the compiler ≤ 5 s (cold)"][1] == "2026-12-03T19:36"
+
+
 def test_targets_are_not_measured_without_a_callback_run_and_na_off_gpu():
     records = [{"variant": "eager", "status": "ok", "median_ms": 29.7, "speedup_vs_eager": 1.0}]
     verdicts = table.evaluate_targets(_result("resnet50", records))
