@@ -268,16 +268,22 @@ def mark_replaced(decisions: list[Decision], region: Region, by: str) -> None:
             decision.reason += f"; then replaced by `{by}`, faster than it"
 
 
-def _set_aside(regions: list[Region]) -> dict[nn.Module, Any]:
+def _snapshot(regions: list[Region]) -> list[tuple[nn.Module, Any]]:
+    """The compiled code ``regions`` run now, module by module, for :func:`_put_back` (no compile again);
+    pairs, not a dict: a module class may define ``__eq__`` and so not hash."""
+    return [(m, torch_internals.compiled_call(m)) for r in regions for m in r.modules]
+
+
+def _set_aside(regions: list[Region]) -> list[tuple[nn.Module, Any]]:
     """Runs ``regions`` eagerly for now, their compiled code kept for :func:`_put_back` (no compile again)."""
-    saved = {m: torch_internals.compiled_call(m) for r in regions for m in r.modules}
-    for module in saved:
+    saved = _snapshot(regions)
+    for module, _ in saved:
         torch_internals.restore_compiled_call(module, None)
     return saved
 
 
-def _put_back(saved: dict[nn.Module, Any]) -> None:
-    for module, call in saved.items():
+def _put_back(saved: list[tuple[nn.Module, Any]]) -> None:
+    for module, call in saved:
         torch_internals.restore_compiled_call(module, call)
 
 
@@ -816,7 +822,7 @@ class AutoPlanner(_CompilesRegions):
             self._add(Decision(region=group.name, modules=group.module_names, mode="reduce-overhead",
                                kept=False, reason=misfit, step=self._batch_index, **background))
             return
-        saved = {id(m): torch_internals.compiled_call(m) for r in kept for m in r.modules}
+        saved = _snapshot(kept)
         saved_with = {id(r): r.compiled_with for r in kept}
         names = [r.name for r in kept]  # the watch counts compiles by the kept regions' names
         compile_before = self._compile_counts(names)
@@ -839,8 +845,7 @@ class AutoPlanner(_CompilesRegions):
         def restore() -> None:  # back to the default-mode compiled code, without compiling again
             for region in kept:
                 region.compiled_with = saved_with[id(region)]
-                for module in region.modules:
-                    torch_internals.restore_compiled_call(module, saved[id(module)])
+            _put_back(saved)
 
         if verdict.passed:
             for region in kept:
