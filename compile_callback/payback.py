@@ -36,6 +36,13 @@ SAVED_SHARE = 0.25  # optimistic: compiling saves a quarter of the candidate's s
 # regions' share (H200: ResNet-18 CIFAR's whole model 3.2x eager with graphs, GPT-2's blocks 1.01-1.02x over
 # default mode).
 GRAPH_SAVED_SHARE = 0.5
+# A step is launch-bound where the host takes at least this share of the device's time to issue it.
+LAUNCH_BOUND_SHARE = 0.7
+# Optimistic for CUDA graphs where the kept plan's step is issued faster than the device runs it (the host
+# keeps ahead): they only shorten the device's own gaps between kernels. The most seen on the H200 (torch
+# 2.11): GPT-2's kept blocks, 1.016-1.031x over default mode in six runs (session 21), ~3% of the step and
+# ~5% of the blocks' share.
+GRAPH_SAVED_SHARE_DEVICE_BOUND = 0.05
 
 
 def compile_units(modules: Sequence[nn.Module], *, repeated: bool) -> int:
@@ -216,19 +223,28 @@ def part_first_in_background(whole: Priced, parts: Sequence[Priced], costs: Comp
 
 
 def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
-                       batches: int) -> str | None:
+                       batches: int, issue_ms: float | None = None) -> str | None:
     """Why the CUDA-graph trial of the ``kept`` regions cannot repay recompiling them over ``batches``
     (``reduce-overhead`` compiles its own graphs: on the H200 GPT-2's cold ones took 25.7 s after the
-    default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known."""
+    default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known.
+
+    ``issue_ms``: the host's time to issue one step of the kept plan from an empty launch queue (None: not
+    measured). Under :data:`LAUNCH_BOUND_SHARE` of the ``step_ms`` the device runs it in, the host keeps ahead
+    and graphs are priced at :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` of the kept share, else at
+    :data:`GRAPH_SAVED_SHARE`."""
     cost = costs.trial_seconds(sum(c.units for c in kept)) if costs.known else None
     if cost is None or not step_ms:
         return None
     share = min(1.0, sum(c.share for c in kept))
-    saving = saving_seconds(share, step_ms, batches, saved=GRAPH_SAVED_SHARE)
+    device_bound = issue_ms is not None and issue_ms < LAUNCH_BOUND_SHARE * step_ms
+    saved = GRAPH_SAVED_SHARE_DEVICE_BOUND if device_bound else GRAPH_SAVED_SHARE
+    saving = saving_seconds(share, step_ms, batches, saved=saved)
     if saving >= cost:
         return None
+    why = (f" (the host issues the kept plan's step in {issue_ms:.1f} ms, the device runs it in {step_ms:.1f} ms: "
+           f"graphs would only close the device's gaps between kernels)") if device_bound else ""
     checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
-    return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s, "
+    return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s{why}, "
             f"recompiling the kept regions for it costs ~{cost - costs.check_s:.1f} s (estimated {costs.source})"
             f"{checking}")
 

@@ -21,7 +21,7 @@ from compile_callback import torch_internals
 from compile_callback.background import POLL_EVERY, BackgroundCompile, Unavailable
 from compile_callback.memory import GB, graph_pool_misfit
 from compile_callback.payback import (
-    GRAPH_SAVED_SHARE, SAVED_SHARE, CompileCosts, Priced, after_background, background_pays, compile_units,
+    GRAPH_SAVED_SHARE, LAUNCH_BOUND_SHARE, SAVED_SHARE, CompileCosts, Priced, after_background, background_pays, compile_units,
     graph_trial_unpaid, payback_order, saving_seconds,
 )
 from compile_callback.profile import RegionProfiler, repeated_block_groups
@@ -49,6 +49,8 @@ EAGER = "eager"
 COMPILED = "compiled"
 CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan before it
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
+ISSUE = "issue"  # a batch of the kept plan that starts from an empty launch queue: the run times its issue
+ISSUE_PROBES = 3  # such batches before the CUDA-graph trial of a kept plan is priced (their median stands)
 CONTROL_WINDOWS = 3  # a CUDA-graph trial's control window, timed again (at most twice) while disturbed
 DISTURBED = 0.02  # ... where its median sits more than 2% above its lower decile (see timing.disturbed)
 
@@ -66,6 +68,7 @@ class Planner(Protocol):
     decisions: list[Decision]
     notes: list[str]
     launch_bound: bool | None
+    issue_ms: float | None  # the kept plan's step issued from an empty launch queue (AutoPlanner._time_issue)
     coverage: float | None
     eager_ms: float | None
 
@@ -150,6 +153,7 @@ class FixedPlanner(_CompilesRegions):
         self.searches = False
         self.notes: list[str] = []
         self.launch_bound: bool | None = None  # not measured: nothing is chosen by it
+        self.issue_ms: float | None = None
         self.coverage: float | None = None
         self.eager_ms: float | None = None  # the callback's timer holds the baseline
 
@@ -424,6 +428,8 @@ class AutoPlanner(_CompilesRegions):
         self.coverage: float | None = None
         self.eager_ms: float | None = None
         self._host_ms: list[float] = []
+        self.issue_ms: float | None = None  # the kept plan's step issued from an empty queue (ISSUE batches)
+        self._issue_ms: list[float] = []
         self._batch_index = 0
         self._label: str | None = WARMUP
         self._script = self._run()
@@ -442,7 +448,10 @@ class AutoPlanner(_CompilesRegions):
         if self._saved_plan is not None:
             self._apply_saved_plan(self._saved_plan)
 
-    def before_batch(self, batch_index: int, **_: Any) -> str | None:
+    def before_batch(self, batch_index: int, *, issue_ms: float | None = None, **_: Any) -> str | None:
+        """``issue_ms``: the host's milliseconds from the last :data:`ISSUE` batch's start to this one's."""
+        if issue_ms is not None:
+            self._issue_ms.append(issue_ms)
         self._batch_index = batch_index
         self._label = next(self._script)
         return self._label
@@ -503,7 +512,7 @@ class AutoPlanner(_CompilesRegions):
             # full and then waits, so its time nears the device's and CUDA graphs are tried first (on
             # the H200 that was the right call for ResNet-50/18 and within 1% of default mode for
             # GPT-2). Timing the issue from an empty queue would need a sync; see benchmarks/NOTES.md.
-            self.launch_bound = bool(self.agree(host_ms >= 0.7 * device_ms))
+            self.launch_bound = bool(self.agree(host_ms >= LAUNCH_BOUND_SHARE * device_ms))
         current_ms = self.eager_ms
         trials = 0
         self._all_candidates = self._candidates(candidates)
@@ -541,6 +550,7 @@ class AutoPlanner(_CompilesRegions):
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
+            yield from self._time_issue()
             unpaid = self._graphs_unpaid(current_ms, remaining)
             go, unpaid = self.agree((remaining > 0 and unpaid is None, unpaid))  # rank 0's, as every choice
             if go:
@@ -985,7 +995,21 @@ class AutoPlanner(_CompilesRegions):
         """Why the CUDA-graph trial of the kept regions cannot repay its compile (:func:`payback.graph_trial_unpaid`)."""
         kept_names = {r.name for r in self._kept}
         kept = [c.priced for c in self._all_candidates if c.name in kept_names]
-        return graph_trial_unpaid(kept, self._costs(), step_ms=current_ms, batches=remaining) if kept else None
+        return graph_trial_unpaid(kept, self._costs(), step_ms=current_ms, batches=remaining,
+                                  issue_ms=self.issue_ms) if kept else None
+
+    def _time_issue(self) -> Iterator[str]:
+        """The host's time to issue a step of the kept plan, from an empty launch queue (the run waits for the
+        device before each :data:`ISSUE` batch and times to the next batch's start): the eager test of
+        ``launch_bound`` times the loop as it runs, where a host that keeps ahead fills the queue and then
+        waits, so its time nears the device's whatever the step. Median of :data:`ISSUE_PROBES`, rank 0's.
+        Three waits for the device, once a fit; a batch interrupted (validation) is not counted."""
+        if self.device.type != "cuda":
+            return
+        self._issue_ms.clear()
+        for _ in range(ISSUE_PROBES):
+            yield ISSUE
+        self.issue_ms = self.agree(statistics.median(self._issue_ms) if self._issue_ms else None)
 
     def _costs(self) -> CompileCosts:
         """Compile seconds per unit: from this run's decisions (a region's first; cold ones price a cold

@@ -28,7 +28,7 @@ from compile_callback.config import AUTO, CompileConfig
 from compile_callback.memory import allocated_bytes, peak_bytes, room_bytes
 from compile_callback.padding import PaddingNotApplied, PaddingPlan, apply_to_loaders, census_from_dataset, first_loader
 from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, plan_path, save_plan
-from compile_callback.planner import COMPILED, EAGER, WARMUP, AutoPlanner, FixedPlanner, Planner
+from compile_callback.planner import COMPILED, EAGER, ISSUE, WARMUP, AutoPlanner, FixedPlanner, Planner
 from compile_callback.regions import backend_name, resolve_regions, revert_region, uses_cuda_graphs
 from compile_callback.report import build_suggestions, ddp_note
 from compile_callback.reprice import Repricer, Round
@@ -151,6 +151,7 @@ class CompileRun:
         self._churn_agreed_every_log = config.on_recompile != "warn" and env.multi_process
         self._memory_at_start = 0
         self._host_start = 0.0
+        self._issue_started: float | None = None  # an ISSUE batch's start, after its wait for the device
         self._steady_keys: bool | None = None  # whether steady steps keep their shapes (see _keys_wanted)
         self._planned_batches: int | None = None
         self._previous_backward_lowering: bool | None = None
@@ -433,7 +434,9 @@ class CompileRun:
         self.watch.set_phase(stage="train", epoch=epoch, step=step)
         self._finish_sync_probe()  # first: the planner may compile and run code below
         planning = time.perf_counter()
-        self._label = self.planner.before_batch(self.batch_index)
+        issue_ms = None if self._issue_started is None else (planning - self._issue_started) * 1e3
+        self._issue_started = None
+        self._label = self.planner.before_batch(self.batch_index, issue_ms=issue_ms)
         self._add_stall("before_steps_s", time.perf_counter() - planning)  # verification and trial set-up
         repricing = self._repricing_step()
         if repricing is not None:
@@ -455,6 +458,9 @@ class CompileRun:
             self._plan_steps += 1
         if self._on_gpu and self._label == EAGER:
             self._memory_at_start = allocated_bytes(self._device)
+        if self._label == ISSUE:  # timed from an empty launch queue to the next batch's start (planner._time_issue)
+            torch.cuda.synchronize(self._device)
+            self._issue_started = time.perf_counter()
         self._host_start = time.perf_counter()
         self._timed = self._step_timed()
         if self._timed:
@@ -680,6 +686,7 @@ class CompileRun:
     ) -> None:
         """``batches``: this validation's; ``every``: training batches between validations (None: unknown)."""
         self.anatomy_ops.abort_probe()
+        self._issue_started = None  # a batch's issue timed across a validation would count the validation
         if self.watch is not None:
             self.watch.collect()
             self.watch.set_phase(stage="validate", epoch=epoch, step=step)
@@ -1029,6 +1036,7 @@ class CompileRun:
                 "regions": self.config.given("regions"),
                 "frozen": self.planner.frozen,
                 "launch_bound": self.planner.launch_bound,
+                "host_issue_ms": self.planner.issue_ms,
                 "coverage": self.planner.coverage,
                 "candidates": list(getattr(self.planner, "weighed", [])),
                 "notes": list(self.planner.notes) + self.notes + notes,

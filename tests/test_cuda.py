@@ -155,6 +155,57 @@ def test_a_short_run_tries_no_cuda_graphs_it_cannot_repay(tmp_path):
                and "checking them ~" in n for n in report["plan"]["notes"]), report["plan"]["notes"]  # verified: priced
 
 
+class Wide(nn.Module):
+    """A large matmul and thirty elementwise ops on its output: compiled (the ops fused into one kernel), the
+    device runs it for far longer than the host takes to issue it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2048, 2048)
+
+    def forward(self, x):
+        x = self.linear(x)
+        for _ in range(10):
+            x = torch.sin(x) * 0.9 + 0.1
+        return x
+
+
+class WideBlocks(L.LightningModule):
+    """Repeated device-bound blocks called from ``training_step`` (no whole-model candidate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Wide() for _ in range(4)])
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        x = x.repeat(512, 256)  # (8, 8) -> (4096, 2048)
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
+
+
+def test_cuda_graphs_are_priced_by_how_fast_the_host_issues_the_kept_step(tmp_path):
+    """Where the host issues the kept plan's step well ahead of the device, the CUDA-graph trial is priced at
+    the device-bound share: 5000 planned batches that would repay it at the launch-bound share skip it."""
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15)
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], accelerator="cuda", max_epochs=-1,
+                           max_steps=5000)
+    trainer.fit(WideBlocks(), loader(batch_size=8))
+    report = callback.last_report
+    plan = report["plan"]
+    assert plan["launch_bound"] is True, plan  # eager: the host fills the launch queue, then waits
+    kept = [d for d in report["decisions"] if d["kept"] and d["mode"] == "default"]
+    assert kept, report["decisions"]
+    step_ms = kept[-1]["step_ms"]  # the kept plan's step as its trial timed it
+    assert plan["host_issue_ms"] is not None and 0 < plan["host_issue_ms"] < 0.7 * step_ms, (plan, step_ms)
+    assert "reduce-overhead" not in [d["mode"] for d in report["decisions"]], report["decisions"]
+    assert any("graphs would only close the device's gaps between kernels" in n for n in plan["notes"]), plan["notes"]
+
+
 def test_bf16_verification_uses_the_bf16_tolerance(tmp_path):
     callback = CompileCallback(["layers.*"], eager_baseline_steps=2, warmup_steps=1)
     trainer = make_trainer(tmp_path, [callback], accelerator="cuda", precision="bf16-mixed", max_steps=6)
