@@ -46,6 +46,13 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_standby_never_told_to_go_ends_when_the_search_does",),
     ),
     Mutation(
+        name="a child without bytecode to read compiles none first",
+        path="compile_callback/background.py",
+        old="        command = [sys.executable, boot.__file__, *arguments]\n",
+        new="        pass\n",
+        tests=("tests/test_background.py::test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first",),
+    ),
+    Mutation(
         name="standby-not-used",
         path="compile_callback/run.py",
         old="                standby=standby, context=env.forward_context",
@@ -421,6 +428,13 @@ MUTATIONS = [
         old="    if saving >= cost:\n",
         new="    if True:\n",
         tests=("tests/test_payback.py",),
+    ),
+    Mutation(
+        name="CUDA graphs priced at the launch-bound share however fast the host issues the kept step",
+        path="compile_callback/payback.py",
+        old="    device_bound = issue_ms is not None and issue_ms < LAUNCH_BOUND_SHARE * step_ms\n",
+        new="    device_bound = False\n",
+        tests=("tests/test_payback.py::test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of_the_device",),
     ),
     Mutation(
         name="the profiled step that holds inputs is timed with the others",

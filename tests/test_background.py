@@ -3,12 +3,15 @@ and every way that can fail leaves the trial compiling in-process, the run intac
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 
 import lightning as L
 import pytest
 import torch
 import torch._dynamo
+from torch import nn
 
 from compile_callback import CompileCallback, background
 from compile_callback.background import policy
@@ -230,6 +233,50 @@ def test_children_cache_bytecode_of_their_own_only_where_none_is_written(monkeyp
     assert launcher.standby.preload == ("json",)
     for standby in (first, launcher.standby):
         os.remove(standby.log)
+
+
+def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first(tmp_path, monkeypatch):
+    """The H200's fresh machine: no bytecode anywhere, so the first child compiled torch's sources one by one as
+    it imported them (14-25 s). It now starts as compile_callback.boot, which compiles them in parallel first."""
+    import json as json_module
+
+    from compile_callback import boot
+
+    folder = str(tmp_path / "pyc")
+    monkeypatch.setattr(background, "BYTECODE_DIR", folder)
+    monkeypatch.setattr(background, "_installed_bytecode", lambda: False)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    listed = [json_module.__file__, boot.__file__, str(tmp_path / "broken.py")]
+    (tmp_path / "broken.py").write_text("def (:\n")  # a source that does not compile is left to its import
+    monkeypatch.setattr(boot, "sources", lambda modules, torch_folder: listed)
+    listings = []
+    monkeypatch.setattr(boot, "write_listing", lambda paths, write=boot.write_listing: listings.append(write(paths)) or listings[-1])
+    monkeypatch.setattr(boot, "WORKERS", 2)  # as on a machine with 4 cores or more
+    standby = background.Standby(("json",))
+    assert standby.process.args[1] == boot.__file__  # started as the boot script, not as -m ...background
+    child = background.start("model", nn.Linear(4, 4), ((torch.randn(2, 4),), {}), CompileOptions(backend="eager"),
+                             standby=standby, context=contextlib.nullcontext, device=torch.device("cpu"), verify=True,
+                             tolerance=None)
+    while not child.done():
+        time.sleep(0.1)
+    compiled, said = child.outcome()
+    assert compiled, said
+    assert "start-up: of it, bytecode of 2 sources in 2 processes" in child.stages, child.stages  # forked
+    assert all(os.path.exists(boot.cached_in(folder, path)) for path in listed[:2])
+    assert not os.path.exists(boot.cached_in(folder, listed[2]))
+    assert len(listings) == 1 and not os.path.exists(listings[0].split(" ", 1)[1])  # the child removed the listing
+    # With a core or two (the CPU machine's), compiling first in one process is slower than without: not done.
+    monkeypatch.setattr(boot, "WORKERS", 1)
+    serial = background.Standby(("json",))
+    assert serial.process.args[1:3] == ["-m", "compile_callback.background"]
+    serial.stop()
+    # Once torch's bytecode is in the folder, a child starts as before and reads it.
+    os.makedirs(os.path.dirname(boot.cached_in(folder, torch.__file__)), exist_ok=True)
+    open(boot.cached_in(folder, torch.__file__), "wb").close()
+    again = background.Standby(("json",))
+    assert again.process.args[1:3] == ["-m", "compile_callback.background"]
+    again.stop()
 
 
 def test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started(tmp_path, monkeypatch):
