@@ -437,6 +437,20 @@ MUTATIONS = [
         tests=("tests/test_payback.py::test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of_the_device",),
     ),
     Mutation(
+        name="a group of blocks parks the optimizer's state for its verification",
+        path="compile_callback/planner.py",
+        old="        unparked = len(region.modules) >= GROUP_UNPARKED\n",
+        new="        unparked = False\n",
+        tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
+    ),
+    Mutation(
+        name="every region verified with the optimizer's state left in place",
+        path="compile_callback/planner.py",
+        old="        unparked = len(region.modules) >= GROUP_UNPARKED\n",
+        new="        unparked = True\n",
+        tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
+    ),
+    Mutation(
         name="the profiled step that holds inputs is timed with the others",
         path="compile_callback/profile.py",
         old="                if step > first:\n",

@@ -231,3 +231,53 @@ def test_the_modules_of_one_region_share_one_twin_and_leave_nothing_behind(monke
     assert [b[1].p for b in blocks] == [0.3] * 3
     assert not any(name.startswith("__compiled_fn") for name in vars(torch_internals))  # kept in the twin's own globals
     torch._dynamo.reset()
+
+
+def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(tmp_path, monkeypatch):
+    """The whole model's verification needs a step's activations two or three times over: the optimizer's state
+    waits in host memory meanwhile. A group of four or more blocks verifies one block at a time, each at most a
+    quarter of those activations: the state stays (parking it was ~1.5 s of GPT-2's blocks' set-up on the H200);
+    the last step's gradients are parked either way."""
+    import lightning as L
+    import torch.optim
+
+    from compile_callback import planner as planner_module
+    from tests.conftest import loader, make_trainer
+
+    parked: dict[str, list[set[int]]] = {}
+    verifying: list[str] = []
+    original_verify, original_park = planner_module.AutoPlanner._verify, planner_module.in_host_memory
+
+    def verify(self, region):
+        verifying.append(region.name)
+        return original_verify(self, region)
+
+    def park(tensors):  # which of them are the optimizer's state, which the last step's gradients
+        ids = {id(t) for t in tensors}
+        state = {id(t) for s in trainer.optimizers[0].state.values() for t in s.values() if torch.is_tensor(t)}
+        grads = {id(p.grad) for p in model.parameters() if p.grad is not None}
+        parked.setdefault(verifying[-1], []).append((len(ids & state), len(state), len(ids & grads), len(grads)))
+        return original_park(tensors)
+
+    monkeypatch.setattr(planner_module.AutoPlanner, "_verify", verify)
+    monkeypatch.setattr(planner_module, "in_host_memory", park)
+
+    class Adam(TinyModel):
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class StopWhenPlanned(L.Callback):  # a long run planned (every trial repays), ended once the plan is frozen
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            trainer.should_stop = callback.run.planner.frozen
+
+    model = Adam(depth=planner_module.GROUP_UNPARKED)
+    callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=3,
+                               min_speedup=1.5)  # nothing kept: every candidate is tried
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned()], max_steps=100_000, max_epochs=-1,
+                           limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    assert {"model", "blocks.*"} <= set(parked), (parked, callback.last_report["decisions"])
+    [(state_parked, state, grads_parked, grads)] = parked["model"]
+    assert state > 0 and state_parked == state and grads_parked == grads > 0, parked
+    [(state_parked, state, grads_parked, grads)] = parked["blocks.*"]
+    assert state > 0 and state_parked == 0 and grads_parked == grads > 0, parked
