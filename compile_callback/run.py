@@ -1037,6 +1037,7 @@ class CompileRun:
                 "frozen": self.planner.frozen,
                 "launch_bound": self.planner.launch_bound,
                 "host_issue_ms": self.planner.issue_ms,
+                "host_issue_samples_ms": list(self.planner.issue_samples_ms),
                 "coverage": self.planner.coverage,
                 "candidates": list(getattr(self.planner, "weighed", [])),
                 "notes": list(self.planner.notes) + self.notes + notes,

@@ -156,18 +156,21 @@ def test_a_short_run_tries_no_cuda_graphs_it_cannot_repay(tmp_path):
 
 
 class Wide(nn.Module):
-    """A large matmul and thirty elementwise ops on its output: compiled (the ops fused into one kernel), the
-    device runs it for far longer than the host takes to issue it."""
+    """A large matmul scaled by a gate that thirty elementwise ops on a small parameter make: eager, the host
+    issues ~90 small kernels a forward (launch-bound); compiled, they fuse and the matmul's device time is most
+    of the step, issued far quicker than the device runs it. (Without the small ops the eager step was not
+    launch-bound on the H200, and CUDA graphs were never priced.)"""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(2048, 2048)
+        self.gate = nn.Parameter(torch.zeros(2048))
 
     def forward(self, x):
-        x = self.linear(x)
-        for _ in range(10):
-            x = torch.sin(x) * 0.9 + 0.1
-        return x
+        gate = self.gate
+        for _ in range(30):
+            gate = torch.sin(gate) * 0.9 + 0.1
+        return self.linear(x) * gate
 
 
 class WideBlocks(L.LightningModule):
@@ -197,7 +200,7 @@ def test_cuda_graphs_are_priced_by_how_fast_the_host_issues_the_kept_step(tmp_pa
     trainer.fit(WideBlocks(), loader(batch_size=8))
     report = callback.last_report
     plan = report["plan"]
-    assert plan["launch_bound"] is True, plan  # eager: the host fills the launch queue, then waits
+    assert plan["launch_bound"] is True, plan  # eager: the small ops take the host longer than the device
     kept = [d for d in report["decisions"] if d["kept"] and d["mode"] == "default"]
     assert kept, report["decisions"]
     step_ms = kept[-1]["step_ms"]  # the kept plan's step as its trial timed it
