@@ -40,9 +40,14 @@ GRAPH_SAVED_SHARE = 0.5
 LAUNCH_BOUND_SHARE = 0.7
 # Optimistic for CUDA graphs where the kept plan's step is issued faster than the device runs it (the host
 # keeps ahead): they only shorten the device's own gaps between kernels. The most seen on the H200 (torch
-# 2.11): GPT-2's kept blocks, 1.016-1.031x over default mode in six runs (session 21), ~3% of the step and
-# ~5% of the blocks' share.
+# 2.11): GPT-2's kept blocks, 1.015-1.031x over default mode in eight runs (sessions 21-22), ~3% of the step
+# and ~5% of the blocks' share.
 GRAPH_SAVED_SHARE_DEVICE_BOUND = 0.05
+# The kept plan's step is host-bound where the host, from an empty launch queue, takes at least this share of
+# the device's step to issue it: a host that cannot keep up sets the step's pace, so the two near each other
+# (ratio ~1), while a host with slack reads below. GPT-2's kept blocks on the H200 read 0.65-0.87 (issued in
+# 24.9-33.4 ms, a 38.2 ms step) and CUDA graphs gained 1.5-2.6% there.
+ISSUE_BOUND_SHARE = 0.9
 
 
 def compile_units(modules: Sequence[nn.Module], *, repeated: bool) -> int:
@@ -229,14 +234,14 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known.
 
     ``issue_ms``: the host's time to issue one step of the kept plan from an empty launch queue (None: not
-    measured). Under :data:`LAUNCH_BOUND_SHARE` of the ``step_ms`` the device runs it in, the host keeps ahead
+    measured). Under :data:`ISSUE_BOUND_SHARE` of the ``step_ms`` the device runs it in, the host keeps ahead
     and graphs are priced at :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` of the kept share, else at
     :data:`GRAPH_SAVED_SHARE`."""
     cost = costs.trial_seconds(sum(c.units for c in kept)) if costs.known else None
     if cost is None or not step_ms:
         return None
     share = min(1.0, sum(c.share for c in kept))
-    device_bound = issue_ms is not None and issue_ms < LAUNCH_BOUND_SHARE * step_ms
+    device_bound = issue_ms is not None and issue_ms < ISSUE_BOUND_SHARE * step_ms
     saved = GRAPH_SAVED_SHARE_DEVICE_BOUND if device_bound else GRAPH_SAVED_SHARE
     saving = saving_seconds(share, step_ms, batches, saved=saved)
     if saving >= cost:

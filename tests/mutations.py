@@ -432,7 +432,7 @@ MUTATIONS = [
     Mutation(
         name="CUDA graphs priced at the launch-bound share however fast the host issues the kept step",
         path="compile_callback/payback.py",
-        old="    device_bound = issue_ms is not None and issue_ms < LAUNCH_BOUND_SHARE * step_ms\n",
+        old="    device_bound = issue_ms is not None and issue_ms < ISSUE_BOUND_SHARE * step_ms\n",
         new="    device_bound = False\n",
         tests=("tests/test_payback.py::test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of_the_device",),
     ),

@@ -182,7 +182,7 @@ class WideBlocks(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, _ = batch
-        x = x.repeat(512, 256)  # (8, 8) -> (4096, 2048)
+        x = x.repeat(2048, 256)  # (8, 8) -> (16384, 2048)
         for block in self.blocks:
             x = block(x)
         return x.square().mean()
@@ -204,7 +204,7 @@ def test_cuda_graphs_are_priced_by_how_fast_the_host_issues_the_kept_step(tmp_pa
     kept = [d for d in report["decisions"] if d["kept"] and d["mode"] == "default"]
     assert kept, report["decisions"]
     step_ms = kept[-1]["step_ms"]  # the kept plan's step as its trial timed it
-    assert plan["host_issue_ms"] is not None and 0 < plan["host_issue_ms"] < 0.7 * step_ms, (plan, step_ms)
+    assert plan["host_issue_ms"] is not None and 0 < plan["host_issue_ms"] < 0.5 * step_ms, (plan, step_ms)
     assert "reduce-overhead" not in [d["mode"] for d in report["decisions"]], report["decisions"]
     assert any("graphs would only close the device's gaps between kernels" in n for n in plan["notes"]), plan["notes"]
 
