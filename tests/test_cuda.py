@@ -179,10 +179,11 @@ class WideBlocks(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.blocks = nn.ModuleList([Wide() for _ in range(4)])
+        self.scale = nn.Parameter(torch.ones(1))  # every block's input requires grad: one graph for all
 
     def training_step(self, batch, batch_idx):
         x, _ = batch
-        x = x.repeat(2048, 256)  # (8, 8) -> (16384, 2048)
+        x = x.repeat(2048, 256) * self.scale  # (8, 8) -> (16384, 2048)
         for block in self.blocks:
             x = block(x)
         return x.square().mean()
