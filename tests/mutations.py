@@ -600,8 +600,8 @@ MUTATIONS = [
     Mutation(
         name="a trial's set-up batch is not timed by piece",
         path="compile_callback/planner.py",
-        old='        with timed_stage(seconds, "verification in all", self.device), in_host_memory(self._between_steps()):\n',
-        new="        with in_host_memory(self._between_steps()):\n",
+        old='        with timed_stage(seconds, "verification in all", self.device), \\\n',
+        new="        with \\\n",
         tests=("tests/test_stall.py::test_a_trials_set_up_batch_is_timed_by_piece",),
     ),
     Mutation(
