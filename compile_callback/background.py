@@ -360,10 +360,16 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
     command = [sys.executable, "-m", "compile_callback.background", *arguments]
     if (boot.WORKERS > 1 and env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
             and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__))):
-        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__)))
+        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__)),
+                                                           niceness=child_niceness())
         command = [sys.executable, boot.__file__, *arguments]
-    with open(log, "w") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=stdin, env=env)
+    try:
+        with open(log, "w") as output:
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=stdin, env=env)
+    except OSError:
+        for path in (log, *([boot.listing_of(env[boot.PRECOMPILE_VARIABLE])] if boot.PRECOMPILE_VARIABLE in env else [])):
+            os.remove(path)
+        raise
     return process, log
 
 
@@ -461,8 +467,8 @@ def _child(path: str, parent: int, spawned: float) -> int:
 
     stages = {"start-up (interpreter and imports)": time.time() - spawned}
     precompiled = json.loads(os.environ.get(boot.PRECOMPILED_VARIABLE) or "null")  # compile_callback.boot's
-    if precompiled:
-        stages[f"start-up: of it, bytecode of {precompiled['compiled']} sources in {precompiled['workers']} "
+    if precompiled:  # at the interpreter's start: for a standby, before its payload came, in part or in all
+        stages[f"start-up: bytecode of {precompiled['compiled']} sources compiled first, in {precompiled['workers']} "
                f"processes"] = precompiled["seconds"]
 
     _watch_parent(parent)

@@ -19,22 +19,23 @@ from __future__ import annotations
 import os
 import sys
 
-if __name__ == "__main__":  # as a script its folder is sys.path[0], where this package's modules would shadow
-    # the standard library's (``profile``); the package itself is on PYTHONPATH (background._spawn)
-    _HERE = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
+if __name__ == "__main__":  # as a script its folder is sys.path[0] (its real path, links resolved), where this
+    # package's modules would shadow the standard library's (``profile``); the package is on PYTHONPATH (background._spawn)
+    _HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
 
 import json
 import tempfile
 import time
 
-PRECOMPILE_VARIABLE = "COMPILE_CALLBACK_PRECOMPILE"  # "<processes> <the file listing the sources to compile first>"
+PRECOMPILE_VARIABLE = "COMPILE_CALLBACK_PRECOMPILE"  # "<processes> <niceness> <the file listing the sources>"
 PRECOMPILED_VARIABLE = "COMPILE_CALLBACK_PRECOMPILED"  # what the precompile did, for the child's stages
 # Packages a compile imports after the run's imports (torch's by folder under torch, the others by name).
 COMPILE_STACK = ("_dynamo", "_inductor", "_functorch", "fx", "_subclasses", "_higher_order_ops", "_prims", "_refs",
                  "_decomp", os.path.join("utils", "_sympy"))
 COMPILE_STACK_PACKAGES = ("sympy", "triton")
-WORKERS = max(1, min(8, (os.cpu_count() or 2) // 2))  # half the cores: training keeps the rest
+# Half the cores this process may run on (a container's limit, not the host's count): training keeps the rest.
+WORKERS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)) // 2)
 _SKIPPED_FOLDERS = {"test", "tests", "testing", "__pycache__"}
 
 
@@ -65,26 +66,45 @@ def sources(modules: object, torch_folder: str) -> list[str]:
     return sorted(found)
 
 
-def write_listing(paths: list[str]) -> str:
+def write_listing(paths: list[str], *, niceness: int) -> str:
     """A temporary file listing ``paths``, one a line (the child removes it); :data:`PRECOMPILE_VARIABLE`'s
-    value for a child that compiles them in :data:`WORKERS` processes."""
+    value for a child that compiles them in :data:`WORKERS` processes ``niceness`` below its priority."""
     handle, listing = tempfile.mkstemp(prefix="compile-callback-sources-", suffix=".txt")
     with os.fdopen(handle, "w") as file:
         file.write("\n".join(paths))
-    return f"{WORKERS} {listing}"
+    return f"{WORKERS} {niceness} {listing}"
+
+
+def listing_of(value: str) -> str:
+    """The listing's path in a :data:`PRECOMPILE_VARIABLE` value."""
+    return value.split(" ", 2)[2]
 
 
 def _compile(paths: list[str]) -> int:
     import py_compile
 
-    # To sys.pycache_prefix (PYTHONPYCACHEPREFIX). A source that does not compile returns None (quiet=2): its
-    # import fails there as it would have.
-    return sum(py_compile.compile(path, quiet=2) is not None for path in paths)
+    done = 0
+    for path in paths:
+        # To sys.pycache_prefix (PYTHONPYCACHEPREFIX). A source that does not compile returns None (quiet=2),
+        # one that cannot be read or written raises: its import compiles it, or fails, as it would have.
+        try:
+            done += py_compile.compile(path, quiet=2) is not None
+        except OSError:
+            pass
+    return done
 
 
-def precompile(listing: str, workers: int) -> dict[str, float]:
-    """Compiles the sources ``listing`` names to bytecode in ``workers`` processes (forked: this interpreter
-    has imported nothing that forking would break) and removes the listing; what it did."""
+def _lower(niceness: int) -> None:
+    """A compile process's priority ``niceness`` below this one's, as the child's own (background.child_niceness)."""
+    try:
+        os.nice(niceness)
+    except (AttributeError, OSError):  # no os.nice (Windows) or not allowed: as it is
+        pass
+
+
+def precompile(listing: str, workers: int, niceness: int = 0) -> dict[str, float]:
+    """Compiles the sources ``listing`` names to bytecode in ``workers`` processes ``niceness`` below this one
+    (forked: this interpreter has imported nothing that forking would break) and removes the listing; what it did."""
     import concurrent.futures
     import multiprocessing
 
@@ -94,7 +114,8 @@ def precompile(listing: str, workers: int) -> dict[str, float]:
     os.remove(listing)
     chunks = [paths[i::workers * 4] for i in range(workers * 4)]  # interleaved: big packages spread out
     if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                                    initializer=_lower, initargs=(niceness,)) as pool:
             done = sum(pool.map(_compile, chunks))
     else:
         done = _compile(paths)
@@ -109,8 +130,8 @@ def main() -> None:
     asked = os.environ.pop(PRECOMPILE_VARIABLE, None)
     if asked:
         try:
-            workers, listing = asked.split(" ", 1)
-            os.environ[PRECOMPILED_VARIABLE] = json.dumps(precompile(listing, int(workers)))
+            workers, niceness, listing = asked.split(" ", 2)
+            os.environ[PRECOMPILED_VARIABLE] = json.dumps(precompile(listing, int(workers), int(niceness)))
         except Exception as error:  # the imports then compile from the sources, as without it
             print(f"bytecode not compiled first: {type(error).__name__}: {error}", flush=True)
     runpy.run_module("compile_callback.background", run_name="__main__", alter_sys=True)

@@ -45,8 +45,10 @@ LAUNCH_BOUND_SHARE = 0.7
 GRAPH_SAVED_SHARE_DEVICE_BOUND = 0.05
 # The kept plan's step is host-bound where the host, from an empty launch queue, takes at least this share of
 # the device's step to issue it: a host that cannot keep up sets the step's pace, so the two near each other
-# (ratio ~1), while a host with slack reads below. GPT-2's kept blocks on the H200 read 0.65-0.87 (issued in
-# 24.9-33.4 ms, a 38.2 ms step) and CUDA graphs gained 1.5-2.6% there.
+# (ratio ~1), while a host with slack reads below. GPT-2's kept blocks on the H200 (session 22): the quickest
+# of five probes 0.77 and 0.80 of a 38.3-38.8 ms step (single probes 0.65-0.87), CUDA graphs 1.015x and
+# 1.026x over default mode where tried. Its slowest probe sat 3% under this bound: a slower host would price
+# its graphs at GRAPH_SAVED_SHARE again.
 ISSUE_BOUND_SHARE = 0.9
 
 

@@ -514,7 +514,7 @@ class AutoPlanner(_CompilesRegions):
             # as the loop runs: with no host sync per step the host runs ahead until the launch queue is
             # full and then waits, so its time nears the device's and CUDA graphs are tried first (on
             # the H200 that was the right call for ResNet-50/18 and within 1% of default mode for
-            # GPT-2). Timing the issue from an empty queue would need a sync; see benchmarks/NOTES.md.
+            # GPT-2). The kept plan's step is timed from an empty queue before its CUDA-graph trial (_time_issue).
             self.launch_bound = bool(self.agree(host_ms >= LAUNCH_BOUND_SHARE * device_ms))
         current_ms = self.eager_ms
         trials = 0
@@ -553,8 +553,11 @@ class AutoPlanner(_CompilesRegions):
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
-            yield from self._time_issue()
             unpaid = self._graphs_unpaid(current_ms, remaining)
+            if unpaid is None and remaining > ISSUE_PROBES:  # the probes can only lower the price: only where it repays
+                yield from self._time_issue()
+                remaining -= ISSUE_PROBES
+                unpaid = self._graphs_unpaid(current_ms, remaining)
             go, unpaid = self.agree((remaining > 0 and unpaid is None, unpaid))  # rank 0's, as every choice
             if go:
                 trials += 1
@@ -1167,10 +1170,12 @@ class AutoPlanner(_CompilesRegions):
         twin = torch_internals.TwinScope()  # one verification twin for all of the region's modules (verify_module)
         seconds: dict[str, float] = {}
         # The state is parked once for all of the region's modules; "verification in all" includes its copies.
-        # A group of GROUP_UNPARKED or more repeated blocks verifies one member at a time, each at most a
-        # GROUP_UNPARKED-th of the step's activations (which are free between steps) even three times over
-        # (eager, compiled, the fp32 reference): its optimizer's state stays on the device. Parking it took
-        # ~1.5 s of GPT-2's blocks' 2.0-2.5 s set-up on the H200 (session 21).
+        # A group of GROUP_UNPARKED or more repeated blocks (one class, so about one size each) verifies one
+        # member at a time, each run's results moved to the host before the next: its peak is one run's, at
+        # most twice a member's activations (bf16's fp32 reference), about half the step's activations (free
+        # between steps) for four members. So its optimizer's state stays on the device; parking it took
+        # ~1.5 s of GPT-2's blocks' 2.0-2.5 s set-up on the H200 (session 21), the fit's peak the same
+        # without it (15.17 GB, session 22).
         unparked = len(region.modules) >= GROUP_UNPARKED
         with timed_stage(seconds, "verification in all", self.device), \
                 in_host_memory(self._between_steps(optimizer=not unparked)):

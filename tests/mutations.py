@@ -53,6 +53,13 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first",),
     ),
     Mutation(
+        name="the boot script leaves its folder on sys.path where it is reached through a link",
+        path="compile_callback/boot.py",
+        old="    _HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))\n",
+        new="    _HERE = os.path.dirname(os.path.abspath(__file__))\n",
+        tests=("tests/test_background.py::test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first",),
+    ),
+    Mutation(
         name="standby-not-used",
         path="compile_callback/run.py",
         old="                standby=standby, context=env.forward_context",
@@ -441,6 +448,13 @@ MUTATIONS = [
         path="compile_callback/planner.py",
         old="        unparked = len(region.modules) >= GROUP_UNPARKED\n",
         new="        unparked = False\n",
+        tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
+    ),
+    Mutation(
+        name="a group of two or three blocks verified with the optimizer's state left in place",
+        path="compile_callback/planner.py",
+        old="        unparked = len(region.modules) >= GROUP_UNPARKED\n",
+        new="        unparked = len(region.modules) >= 2\n",
         tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
     ),
     Mutation(

@@ -251,8 +251,14 @@ def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_in
     (tmp_path / "broken.py").write_text("def (:\n")  # a source that does not compile is left to its import
     monkeypatch.setattr(boot, "sources", lambda modules, torch_folder: listed)
     listings = []
-    monkeypatch.setattr(boot, "write_listing", lambda paths, write=boot.write_listing: listings.append(write(paths)) or listings[-1])
+    monkeypatch.setattr(boot, "write_listing", lambda paths, niceness, write=boot.write_listing:
+                        listings.append(write(paths, niceness=niceness)) or listings[-1])
     monkeypatch.setattr(boot, "WORKERS", 2)  # as on a machine with 4 cores or more
+    # Through a link to the package's folder (a venv's lib64, a linked home): a script's sys.path[0] is the
+    # folder's real path, where this package's profile.py would shadow the standard library's (cProfile,
+    # which Dynamo imports, imports it).
+    os.symlink(os.path.dirname(boot.__file__), tmp_path / "linked")
+    monkeypatch.setattr(boot, "__file__", str(tmp_path / "linked" / "boot.py"))
     standby = background.Standby(("json",))
     assert standby.process.args[1] == boot.__file__  # started as the boot script, not as -m ...background
     child = background.start("model", nn.Linear(4, 4), ((torch.randn(2, 4),), {}), CompileOptions(backend="eager"),
@@ -262,10 +268,11 @@ def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_in
         time.sleep(0.1)
     compiled, said = child.outcome()
     assert compiled, said
-    assert "start-up: of it, bytecode of 2 sources in 2 processes" in child.stages, child.stages  # forked
+    assert "start-up: bytecode of 2 sources compiled first, in 2 processes" in child.stages, child.stages  # forked
     assert all(os.path.exists(boot.cached_in(folder, path)) for path in listed[:2])
     assert not os.path.exists(boot.cached_in(folder, listed[2]))
-    assert len(listings) == 1 and not os.path.exists(listings[0].split(" ", 1)[1])  # the child removed the listing
+    assert len(listings) == 1 and not os.path.exists(boot.listing_of(listings[0]))  # the child removed the listing
+    assert listings[0].split(" ")[:2] == ["2", str(background.child_niceness())]  # the processes niced as the child
     # With a core or two (the CPU machine's), compiling first in one process is slower than without: not done.
     monkeypatch.setattr(boot, "WORKERS", 1)
     serial = background.Standby(("json",))

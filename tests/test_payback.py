@@ -77,8 +77,8 @@ def test_cuda_graphs_are_tried_only_where_recompiling_for_them_repays():
 
 
 def test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of_the_device():
-    """GPT-2's kept blocks on the H200: CUDA graphs gained 1.6-3.1% of the step over default mode in six
-    trials, none kept, each ~2.4 s of stopped training; the host issues that step well ahead of the device."""
+    """GPT-2's kept blocks on the H200: CUDA graphs gained 1.5-3.1% of the step over default mode in eight
+    trials (sessions 21-22), none kept, each ~2 s of stopped training; the host issues that step ahead of the device."""
     costs = CompileCosts("inductor")
     costs.observe(10, 1.1, cold=False)
     costs.observe_check(2.0)

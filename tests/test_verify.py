@@ -244,7 +244,7 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
     from compile_callback import planner as planner_module
     from tests.conftest import loader, make_trainer
 
-    parked: dict[str, list[set[int]]] = {}
+    parked: dict[str, list[tuple[int, int, int, int]]] = {}
     verifying: list[str] = []
     original_verify, original_park = planner_module.AutoPlanner._verify, planner_module.in_host_memory
 
@@ -270,14 +270,22 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             trainer.should_stop = callback.run.planner.frozen
 
-    model = Adam(depth=planner_module.GROUP_UNPARKED)
-    callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=3,
-                               min_speedup=1.5)  # nothing kept: every candidate is tried
-    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned()], max_steps=100_000, max_epochs=-1,
-                           limit_val_batches=0)
-    trainer.fit(model, loader(batch_size=8))
-    assert {"model", "blocks.*"} <= set(parked), (parked, callback.last_report["decisions"])
-    [(state_parked, state, grads_parked, grads)] = parked["model"]
+    def fit(depth):
+        nonlocal model, callback, trainer
+        parked.clear()
+        model = Adam(depth=depth)
+        callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4,
+                                   max_trials=3, min_speedup=1.5)  # nothing kept: every candidate is tried
+        trainer = make_trainer(tmp_path, [callback, StopWhenPlanned()], max_steps=100_000, max_epochs=-1,
+                               limit_val_batches=0)
+        trainer.fit(model, loader(batch_size=8))
+        assert {"model", "blocks.*"} <= set(parked), (parked, callback.last_report["decisions"])
+        return parked["model"], parked["blocks.*"]
+
+    model = callback = trainer = None
+    [(state_parked, state, grads_parked, grads)], [group] = fit(planner_module.GROUP_UNPARKED)
     assert state > 0 and state_parked == state and grads_parked == grads > 0, parked
-    [(state_parked, state, grads_parked, grads)] = parked["blocks.*"]
+    state_parked, state, grads_parked, grads = group
     assert state > 0 and state_parked == 0 and grads_parked == grads > 0, parked
+    _, [(state_parked, state, _, _)] = fit(planner_module.GROUP_UNPARKED - 1)  # fewer blocks: each a larger part
+    assert state > 0 and state_parked == state, parked
