@@ -358,16 +358,18 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
     env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
     command = [sys.executable, "-m", "compile_callback.background", *arguments]
+    made = [log]  # files this spawn made, removed where it fails
     if (boot.WORKERS > 1 and env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
             and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__))):
-        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__)),
-                                                           niceness=child_niceness())
+        sources = boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__))
+        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources, niceness=child_niceness())
+        made.append(boot.listing_of(env[boot.PRECOMPILE_VARIABLE]))
         command = [sys.executable, boot.__file__, *arguments]
     try:
         with open(log, "w") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=stdin, env=env)
     except OSError:
-        for path in (log, *([boot.listing_of(env[boot.PRECOMPILE_VARIABLE])] if boot.PRECOMPILE_VARIABLE in env else [])):
+        for path in made:
             os.remove(path)
         raise
     return process, log

@@ -239,9 +239,10 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     measured). Under :data:`ISSUE_BOUND_SHARE` of the ``step_ms`` the device runs it in, the host keeps ahead
     and graphs are priced at :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` of the kept share, else at
     :data:`GRAPH_SAVED_SHARE`."""
-    cost = costs.trial_seconds(sum(c.units for c in kept)) if costs.known else None
-    if cost is None or not step_ms:
+    compile_s = costs.seconds(sum(c.units for c in kept)) if costs.known else None
+    if compile_s is None or not step_ms:
         return None
+    cost = compile_s + costs.check_s  # as costs.trial_seconds
     share = min(1.0, sum(c.share for c in kept))
     device_bound = issue_ms is not None and issue_ms < ISSUE_BOUND_SHARE * step_ms
     saved = GRAPH_SAVED_SHARE_DEVICE_BOUND if device_bound else GRAPH_SAVED_SHARE
@@ -252,7 +253,7 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
            f"graphs would only close the device's gaps between kernels)") if device_bound else ""
     checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
     return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s{why}, "
-            f"recompiling the kept regions for it costs ~{cost - costs.check_s:.1f} s (estimated {costs.source})"
+            f"recompiling the kept regions for it costs ~{compile_s:.1f} s (estimated {costs.source})"
             f"{checking}")
 
 
