@@ -34,8 +34,16 @@ PRECOMPILED_VARIABLE = "COMPILE_CALLBACK_PRECOMPILED"  # what the precompile did
 COMPILE_STACK = ("_dynamo", "_inductor", "_functorch", "fx", "_subclasses", "_higher_order_ops", "_prims", "_refs",
                  "_decomp", os.path.join("utils", "_sympy"))
 COMPILE_STACK_PACKAGES = ("sympy", "triton")
-# Half the cores this process may run on (a container's limit, not the host's count): training keeps the rest.
-WORKERS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)) // 2)
+
+
+def workers(cores: int) -> int:
+    """Processes that compile a child's bytecode on a machine whose process may use ``cores`` cores: half of
+    them, at most 8, so training keeps the rest (one: no pool)."""
+    return max(1, min(8, cores // 2))
+
+
+# Counted from the cores this process may run on (a container's limit), not the host's.
+WORKERS = workers(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
 _SKIPPED_FOLDERS = {"test", "tests", "testing", "__pycache__"}
 
 

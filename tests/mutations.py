@@ -60,6 +60,13 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first",),
     ),
     Mutation(
+        name="a child's bytecode compiled by a quarter of the cores",
+        path="compile_callback/boot.py",
+        old="    return max(1, min(8, cores // 2))\n",
+        new="    return max(1, min(8, cores) // 2)\n",
+        tests=("tests/test_background.py::test_a_childs_bytecode_is_compiled_by_half_the_cores_it_may_use_at_most_eight",),
+    ),
+    Mutation(
         name="standby-not-used",
         path="compile_callback/run.py",
         old="                standby=standby, context=env.forward_context",

@@ -286,6 +286,14 @@ def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_in
     again.stop()
 
 
+def test_a_childs_bytecode_is_compiled_by_half_the_cores_it_may_use_at_most_eight():
+    # The H200 machine's 16 cores: 8 processes (a precedence slip once made it 4 there, and its start-up 5.7 s
+    # against 2.9-3.4 s); the CPU machine's 2: one, so no pool at all.
+    from compile_callback import boot
+
+    assert [boot.workers(cores) for cores in (1, 2, 3, 4, 6, 16, 64)] == [1, 1, 1, 2, 3, 8, 8]
+
+
 def test_a_fit_that_fails_before_it_starts_stops_the_standby_its_setup_started(tmp_path, monkeypatch):
     standbys = []
     monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
