@@ -72,6 +72,20 @@ VARIANTS = {
             "whole_ro_fr", "Lightning, whole model, CUDA graphs, Inductor's fallback_random=True", compile="whole",
             options={"triton.cudagraphs": True, "fallback_random": True},
         ),
+        # Inductor options beyond torch.compile's defaults (issue 23, "past the ceiling"), on whole_ro's plan:
+        # which of them moves a step on the H200, and what each adds to the compile.
+        Variant(
+            "whole_ro_cdt", "Lightning, whole model, CUDA graphs, Inductor's coordinate_descent_tuning=True",
+            compile="whole", options={"triton.cudagraphs": True, "coordinate_descent_tuning": True},
+        ),
+        Variant(
+            "whole_ro_aggr", "Lightning, whole model, CUDA graphs, Inductor's aggressive_fusion=True", compile="whole",
+            options={"triton.cudagraphs": True, "aggressive_fusion": True},
+        ),
+        Variant(
+            "whole_ro_combo", "Lightning, whole model, CUDA graphs, Inductor's combo_kernels=True", compile="whole",
+            options={"triton.cudagraphs": True, "combo_kernels": True},
+        ),
         Variant(
             "whole_padmax", "Lightning, whole model, batches padded to the context length", compile="whole",
             pad_to_max=True,
