@@ -486,6 +486,13 @@ MUTATIONS = [
         tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
     ),
     Mutation(
+        name="a group of blocks parks the last step's gradients for its verification",
+        path="compile_callback/planner.py",
+        old="                in_host_memory([] if unparked else self._between_steps()):\n",
+        new="                in_host_memory(self._between_steps(optimizer=not unparked)):\n",
+        tests=("tests/test_verify.py::test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place",),
+    ),
+    Mutation(
         name="a group of two or three blocks verified with the optimizer's state left in place",
         path="compile_callback/planner.py",
         old="        unparked = len(region.modules) >= GROUP_UNPARKED\n",
