@@ -51,7 +51,7 @@ CONTROL = ":control"  # suffix of a trial's label: its steps that ran the plan b
 INTERLEAVE_BLOCK = 4  # steps per block of an interleaved trial, the first not timed
 ISSUE = "issue"  # a batch of the kept plan that starts from an empty launch queue: the run times its issue
 ISSUE_PROBES = 5  # such batches before the CUDA-graph trial of a kept plan is priced (the quickest stands)
-GROUP_UNPARKED = 4  # a group of at least this many blocks is verified with the optimizer's state and gradients left in place
+GROUP_UNPARKED = 4  # a group of at least this many blocks is verified with the optimizer's state and gradients in place
 CONTROL_WINDOWS = 3  # a CUDA-graph trial's control window, timed again (at most twice) while disturbed
 DISTURBED = 0.02  # ... where its median sits more than 2% above its lower decile (see timing.disturbed)
 
@@ -1178,8 +1178,8 @@ class AutoPlanner(_CompilesRegions):
         # between steps) for four members. The step's own peak holds the optimizer's state and the last
         # step's gradients beside all of its activations (Lightning sets the gradients to None after the
         # forward), so both stay on the device: parking the state took ~1.5 s of GPT-2's blocks' 2.0-2.5 s
-        # set-up on the H200 (session 21), the fit's peak the same without it (15.17 GB, session 22); the
-        # gradients are half the state's bytes.
+        # set-up on the H200 (session 21), the fit's peak the same without it (15.17 GB, session 22); with the
+        # gradients left too, that set-up took 0.75 s against 1.25-1.46, the peak still 15.17 GB (session 23).
         unparked = len(region.modules) >= GROUP_UNPARKED
         with timed_stage(seconds, "verification in all", self.device), \
                 in_host_memory([] if unparked else self._between_steps()):
