@@ -747,16 +747,13 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
     experiments (:func:`is_experiment`) answer none."""
     chosen: dict[tuple[str, str], tuple[Verdict, dict[str, Any]]] = {}
     order: list[tuple[str, str]] = []
-    results = [r for r in results if not is_experiment(r)]
-    for result in sorted(results, key=lambda r: str(r.get("date", "")), reverse=True):
-        peers = [r for r in results if r is not result and r["workload"] == result["workload"] and not r.get("smoke")]
-        for verdict in evaluate_targets(result, peers):
-            key = (verdict.workload, verdict.target)
-            if key not in chosen:
-                order.append(key)
-                chosen[key] = (verdict, result)
-            elif _unanswered(chosen[key][0]) and not _unanswered(verdict):
-                chosen[key] = (verdict, result)
+    for verdict, result in _every_verdict(results):
+        key = (verdict.workload, verdict.target)
+        if key not in chosen:
+            order.append(key)
+            chosen[key] = (verdict, result)
+        elif _unanswered(chosen[key][0]) and not _unanswered(verdict):
+            chosen[key] = (verdict, result)
     for workload, target in list(order):
         # "`callback_pad`: variable-length targets / not run" says a run lacked the variant; drop it
         # where another run measured that variant's targets.
@@ -768,6 +765,31 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
     return [chosen[key] for key in sorted(order, key=lambda key: (_workload_rank(key[0]), order.index(key)))]
 
 
+def _every_verdict(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:
+    """Every run's verdict on every target it was held to, newest run first; experiments answer none."""
+    results = [r for r in results if not is_experiment(r)]
+    found = []
+    for result in sorted(results, key=lambda r: str(r.get("date", "")), reverse=True):
+        peers = [r for r in results if r is not result and r["workload"] == result["workload"] and not r.get("smoke")]
+        found += [(verdict, result) for verdict in evaluate_targets(result, peers)]
+    return found
+
+
+RECENT = 5  # the newest answers counted apart in the targets table's record column
+
+
+def verdict_record(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """Per workload and target, how many of the stored runs that answered it met it, and how many of the
+    newest :data:`RECENT` (older runs measured older code): where the margin is a few percent on a noisy
+    host, the newest run's verdict alone can flip from run to run. Inconclusive answers are left out."""
+    answers: dict[tuple[str, str], list[bool]] = {}
+    for verdict, _ in _every_verdict(results):  # newest first
+        if not (_unanswered(verdict) or verdict.verdict.startswith("inconclusive")):
+            answers.setdefault((verdict.workload, verdict.target), []).append(verdict.verdict.startswith("met"))
+    return {key: f"{sum(met)} of {len(met)}" + (f" (newest {RECENT}: {sum(met[:RECENT])})" if len(met) > RECENT else "")
+            for key, met in answers.items()}
+
+
 WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "timm_vit", "hf_bert_mlm")
 
 
@@ -776,11 +798,12 @@ def _workload_rank(workload: str) -> int:
 
 
 def render_targets(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["| workload | target | measured | verdict | run |", "|---|---|---|---|---|"]
+    lines = ["| workload | target | measured | verdict | run | stored runs that met it |", "|---|---|---|---|---|---|"]
+    record = verdict_record(results)
     for verdict, result in best_verdicts(results):
         lines.append(
             f"| {verdict.workload} | {verdict.target} | {verdict.measured} | {verdict.verdict} | "
-            f"{str(result.get('date', ''))[:16]} |"
+            f"{str(result.get('date', ''))[:16]} | {record.get((verdict.workload, verdict.target), '–')} |"
         )
     return "\n".join(lines)
 

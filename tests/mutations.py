@@ -256,6 +256,20 @@ MUTATIONS = [
         tests=("tests/test_reprice.py::test_a_frozen_plan_is_repriced_with_eager_beside_it",),
     ),
     Mutation(
+        name="the targets table's record counts inconclusive runs as answers",
+        path="benchmarks/table.py",
+        old="        if not (_unanswered(verdict) or verdict.verdict.startswith(\"inconclusive\")):\n",
+        new="        if not _unanswered(verdict):\n",
+        tests=("tests/benchmarks/test_checks.py::test_the_targets_table_counts_the_stored_runs_that_met_each_target",),
+    ),
+    Mutation(
+        name="the targets table's record counts the oldest runs as the newest",
+        path="benchmarks/table.py",
+        old="(f\" (newest {RECENT}: {sum(met[:RECENT])})\"",
+        new="(f\" (newest {RECENT}: {sum(met[-RECENT:])})\"",
+        tests=("tests/benchmarks/test_checks.py::test_the_targets_table_counts_the_stored_runs_that_met_each_target",),
+    ),
+    Mutation(
         name="the state key forgets the regions",
         path="compile_callback/callback.py",
         old="        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",

@@ -368,3 +368,25 @@ def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricin
     # Priced by its trials (no round), or a round past the steps timed: nothing to compare.
     assert checks.same_batches_speedup({**record, "callback": _callback(3.0, speedup=2.7)["callback"]}) is None
     assert checks.same_batches_speedup({**record, "step_ms_all": steps[:last]}) is None
+
+
+def test_the_targets_table_counts_the_stored_runs_that_met_each_target():
+    """The newest run answers a target; beside it, how many stored runs met it, and how many of the newest
+    five: GPT-2's first 1000 steps flip between met and not met from run to run by a percent or two."""
+    target = "first 1000 steps wall time below eager's"
+
+    def run(callback_wall, date, caches="fresh", drift=1.0):
+        eager = {**EAGER, "wall_s_at_step": {"1000": 44.0}}
+        callback = {**_callback(36.0, speedup=1.24), "wall_s_at_step": {"1000": callback_wall}}
+        end = {**EAGER, "variant": "eager_end", "median_ms": EAGER["median_ms"] * drift}
+        result = _run(eager, callback, end, workload="gpt2")
+        return {**result, "settings": {**result["settings"], "compile_caches": COMPILE_CACHES[caches]}, "date": date}
+
+    walls = [43.5, 44.5, 43.0, 45.0, 44.2, 43.9, 43.1]  # oldest first: met, not, met, not, not, met, met
+    runs = [run(wall, f"2026-12-0{day + 1}T09:00") for day, wall in enumerate(walls)]
+    runs += [run(40.0, "2026-12-08T09:00", caches="off"),  # answers nothing: not counted
+             run(45.0, "2026-12-09T09:00", drift=1.25)]  # inconclusive: not counted either
+    assert table.verdict_record(runs)[("gpt2", target)] == "4 of 7 (newest 5: 3)"
+    assert table.verdict_record(runs[:3])[("gpt2", target)] == "2 of 3"
+    row = next(line for line in table.render_targets(runs).splitlines() if target in line)
+    assert row.endswith("| inconclusive (host drift -20.0%) | 2026-12-09T09:00 | 4 of 7 (newest 5: 3) |")
