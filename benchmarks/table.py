@@ -865,6 +865,10 @@ def render_benchmarks(results: Sequence[dict[str, Any]], notes: str = "") -> str
         "",
         "## Targets (SPEC.md)",
         "",
+        "The newest run that measured a target answers it; the last column counts the stored runs that "
+        f"answered it (inconclusive ones left out) and met it, and of the newest {RECENT} of those. Older runs "
+        "measured older code: the record says how often a verdict held, not that it holds now.",
+        "",
         render_targets(measured),
         "",
     ]
