@@ -7,6 +7,9 @@ the order given, and for every callback variant times each of the callback's Lig
 host (``perf_counter`` around the call), so the hooks' share of the gap is a figure, not a guess. One
 JSON line per variant: its median step, and per hook the median and the total over the measured steps.
 Measured so (NOTES.md, twelfth session): 196-222 us a step as the hooks were, 96 us after the fixes it led to.
+``hooks_by_batch_kind`` splits the hooks' time a batch by kind: a re-pricing round's batches (which take the
+full path) against the frozen plan's quiet ones, the time a clock around every callback's hooks holds and the
+callback's own step timer does not (session 25).
 With ``--profile N``, the hooks of the last callback variant run under ``cProfile`` over its last
 ``--last`` steps (its timings then carry the profiler's overhead) and its line lists the N functions
 with the most own time inside them, per step: where the hooks' time goes on that host.
@@ -39,6 +42,7 @@ from compile_callback import CompileCallback
 HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_train_batch_end",
          "on_before_optimizer_step", "on_before_zero_grad")
 timings: dict[str, list[float]] = defaultdict(list)
+kinds: list[str] = []  # each batch's kind as its start hook left it: "round" (a re-pricing round's), "quiet" or "full"
 profiling: dict[str, object] = {"profile": None, "from_step": None}  # the cProfile run over a variant's last steps
 stepping: dict[str, object] = {"profile": None, "from_step": None, "steps": 0}  # --step-profile: the whole steps
 
@@ -80,7 +84,31 @@ def _timed(name: str, hook):  # noqa: ANN001, ANN202
             if profile is not None:
                 profile.disable()
             timings[name].append((time.perf_counter() - started) * 1e6)
+            if name == "on_train_batch_start":
+                kinds.append(batch_kind(self.run))
     return wrapper
+
+
+def batch_kind(run) -> str:  # noqa: ANN001
+    """A batch's kind once its start hook ran: a re-pricing round's, a quiet step of the frozen plan, or a full one."""
+    if run is None:
+        return "full"
+    return "round" if run.repricer.running else "quiet" if run._quiet else "full"
+
+
+def per_kind(last: int) -> dict[str, dict[str, float]]:
+    """Every hook's host time summed per batch, then the median and count by the batch's kind, over the
+    last ``last`` batches: what a re-pricing round's batches cost beside the plan's quiet ones."""
+    batches = len(kinds)
+    totals = [0.0] * batches
+    for samples in timings.values():
+        if len(samples) == batches:  # hooks called once a batch (no gradient accumulation here)
+            for index, us in enumerate(samples):
+                totals[index] += us
+    grouped: dict[str, list[float]] = defaultdict(list)
+    for index in range(max(0, batches - last), batches):
+        grouped[kinds[index]].append(totals[index])
+    return {kind: {"batches": len(us), "median_us": statistics.median(us)} for kind, us in grouped.items()}
 
 
 def top_functions(profile: cProfile.Profile, steps: int, count: int) -> list[list]:
@@ -121,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         install_step_profile()
     for index, name in enumerate(names):
         timings.clear()
+        kinds.clear()
         stepping.update(profile=cProfile.Profile() if args.step_profile else None, steps=0,
                         from_step=max(0, args.total_steps - args.last))
         profile = cProfile.Profile() if args.profile and index == profiled else None
@@ -137,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             # 100-step medians over the whole run: whether a gap is steady or the host's wander.
             "window_medians_ms": [round(statistics.median(every[i:i + 100]), 3)
                                   for i in range(0, len(every) - 99, 100)], "hooks_per_step_us": sum(h["per_step_us"] for h in hooks.values()),
-            "wrapped": wrapped,
+            "wrapped": wrapped, "hooks_by_batch_kind": per_kind(args.last),
             **({"profile_top": top_functions(profile, max(1, len(steps)), args.profile)} if profile is not None else {}),
             **({"step_profile_steps": stepping["steps"],
                 "step_profile_top": top_functions(stepping["profile"], max(1, stepping["steps"]), args.step_profile)}
