@@ -4,7 +4,9 @@ and every way that can fail leaves the trial compiling in-process, the run intac
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import pickle
 import time
 
 import lightning as L
@@ -442,3 +444,54 @@ def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():
         assert matmul.fp32_precision == "ieee"
     finally:
         matmul.fp32_precision = before
+
+
+def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_views():
+    # Each plain tensor that fills its storage goes as its bytes (torch's own pickling saves each storage
+    # with torch.save into a buffer first); the child must get what the run has, or its compile keys
+    # Inductor's cache differently: dtype, shape, strides (channels_last), parameters as parameters,
+    # requires_grad, attributes, tied weights tied; a view and its base get a storage each, as torch's
+    # own pickling gives them.
+    net = TiedNet()
+    net.conv.weight.requires_grad_(False)
+    images = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    held = ((images,), {"ids": torch.arange(6)})
+    file, as_bytes = io.BytesIO(), []
+
+    class Counted(background._PayloadPickler):
+        def reducer_override(self, obj):
+            reduced = super().reducer_override(obj)
+            if reduced is not NotImplemented:
+                as_bytes.append(reduced)
+            return reduced
+
+    Counted(file).dump((net, held))
+    copy, ((images_copy,), kwargs) = pickle.loads(file.getvalue())
+    for (name, original), (_, loaded) in zip(net.state_dict(keep_vars=True).items(), copy.state_dict(keep_vars=True).items()):
+        assert type(loaded) is type(original) and loaded.dtype == original.dtype, name
+        assert loaded.shape == original.shape and loaded.stride() == original.stride(), name
+        assert torch.equal(loaded, original) and loaded.requires_grad == original.requires_grad, name
+    assert copy.conv.weight.is_contiguous(memory_format=torch.channels_last) and copy.conv.weight.note == "kept"
+    assert copy.head.weight is copy.embed.weight
+    plain = pickle.loads(pickle.dumps(net))
+    copy.table[1, 0] = plain.table[1, 0] = -1.0
+    assert copy.row[0] == plain.row[0] == 4.0
+    assert images_copy.stride() == images.stride() and torch.equal(images_copy, images)
+    assert torch.equal(kwargs["ids"], torch.arange(6))
+    # The conv's weight and bias, the tied weight once, the table, the images and the ids went as bytes;
+    # the view (a part of its storage) went torch's way.
+    assert len(as_bytes) == 6 and all(function is background._rebuild_tensor for function, _ in as_bytes)
+
+
+class TiedNet(nn.Module):
+    """Channels_last, bf16, a tied weight, a buffer that views another, an attribute on a parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.embed = nn.Embedding(10, 4).to(torch.bfloat16)
+        self.head = nn.Linear(4, 10, bias=False).to(torch.bfloat16)
+        self.head.weight = self.embed.weight  # tied
+        self.register_buffer("table", torch.arange(12.0).reshape(3, 4))
+        self.register_buffer("row", self.table[1])  # a view of another buffer
+        self.conv.weight.note = "kept"

@@ -317,3 +317,27 @@ def test_the_plan_reads_memory_on_a_sample_of_its_steps(tmp_path, monkeypatch):
     assert expected < plan_steps / 2  # the rule samples: most steady steps read nothing
     assert reads.count(COMPILED) == expected, (reads.count(COMPILED), plan_steps)
     assert callback.last_report["summary"]["memory_eager_peak_gb"] > 0
+
+
+def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout():
+    # What a background child gets of a module on the GPU (compile_callback.background._PayloadPickler):
+    # each plain tensor copied to the host once and written as its bytes; loaded and moved to the device as
+    # the child moves it, the same values, dtypes, strides and ties.
+    import io
+    import pickle
+
+    from compile_callback import background
+    from tests.test_background import TiedNet
+
+    net = TiedNet().cuda()
+    images = torch.randn(2, 3, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    file = io.BytesIO()
+    background._PayloadPickler(file).dump((net, ((images,), {})))
+    copy, ((images_copy,), _) = pickle.loads(file.getvalue())
+    assert copy.conv.weight.device.type == "cpu"  # the child moves it (module.to, profile._copy)
+    copy.cuda()
+    for (name, original), (_, loaded) in zip(net.state_dict(keep_vars=True).items(), copy.state_dict(keep_vars=True).items()):
+        assert loaded.is_cuda and loaded.dtype == original.dtype and loaded.stride() == original.stride(), name
+        assert torch.equal(loaded, original), name
+    assert copy.head.weight is copy.embed.weight
+    assert images_copy.stride() == images.stride() and torch.equal(images_copy.cuda(), images)
