@@ -329,10 +329,10 @@ class _PayloadPickler(pickle.Pickler):
     its dtype, shape, strides (channels_last stays channels_last: Inductor's cache keys hold them),
     ``requires_grad`` and attributes, and moves it to the device as it moves the rest. Torch's own pickling
     of a tensor saves its storage with ``torch.save`` into a buffer first: ResNet-50's weights took the H200's
-    host 0.18-0.37 s that way in seven runs, training stopped meanwhile; 0.12 s as bytes (session 25, one run). Any other tensor (a view, a subclass, a
-    non-leaf, sparse or quantized) goes the way torch pickles it. Either way a tensor pickled twice is one
-    tensor in the child (tied weights stay tied), and two tensors on one storage (a view and its base) get
-    a storage each, as torch's pickling gives them."""
+    host 0.18-0.37 s that way in seven runs, training stopped meanwhile; 0.12 s as bytes (session 25, one
+    run). Any other tensor (a view, a subclass, a non-leaf, sparse or quantized) goes the way torch pickles
+    it. Either way a tensor pickled twice is one tensor in the child (tied weights stay tied), and two
+    tensors on one storage (a view and its base) get a storage each, as torch's pickling gives them."""
 
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=5)
