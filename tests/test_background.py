@@ -467,10 +467,7 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
 
     Counted(file).dump((net, held))
     copy, ((images_copy,), kwargs) = pickle.loads(file.getvalue())
-    for (name, original), (_, loaded) in zip(net.state_dict(keep_vars=True).items(), copy.state_dict(keep_vars=True).items()):
-        assert type(loaded) is type(original) and loaded.dtype == original.dtype, name
-        assert loaded.shape == original.shape and loaded.stride() == original.stride(), name
-        assert torch.equal(loaded, original) and loaded.requires_grad == original.requires_grad, name
+    assert_same_state(net, copy)
     assert copy.conv.weight.is_contiguous(memory_format=torch.channels_last) and copy.conv.weight.note == "kept"
     assert copy.head.weight is copy.embed.weight
     plain = pickle.loads(pickle.dumps(net))
@@ -481,6 +478,14 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
     # The conv's weight and bias, the tied weight once, the table, the images and the ids went as bytes;
     # the view (a part of its storage) went torch's way.
     assert len(as_bytes) == 6 and all(function is background._rebuild_tensor for function, _ in as_bytes)
+
+
+def assert_same_state(original: nn.Module, copy: nn.Module) -> None:
+    """Every parameter and buffer of ``copy`` as ``original``'s: type, dtype, shape, strides, values, requires_grad."""
+    for (name, before), (_, loaded) in zip(original.state_dict(keep_vars=True).items(), copy.state_dict(keep_vars=True).items()):
+        assert type(loaded) is type(before) and loaded.dtype == before.dtype and loaded.device == before.device, name
+        assert loaded.shape == before.shape and loaded.stride() == before.stride(), name
+        assert torch.equal(loaded, before) and loaded.requires_grad == before.requires_grad, name
 
 
 class TiedNet(nn.Module):

@@ -327,7 +327,7 @@ def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout():
     import pickle
 
     from compile_callback import background
-    from tests.test_background import TiedNet
+    from tests.test_background import TiedNet, assert_same_state
 
     net = TiedNet().cuda()
     images = torch.randn(2, 3, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
@@ -336,8 +336,6 @@ def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout():
     copy, ((images_copy,), _) = pickle.loads(file.getvalue())
     assert copy.conv.weight.device.type == "cpu"  # the child moves it (module.to, profile._copy)
     copy.cuda()
-    for (name, original), (_, loaded) in zip(net.state_dict(keep_vars=True).items(), copy.state_dict(keep_vars=True).items()):
-        assert loaded.is_cuda and loaded.dtype == original.dtype and loaded.stride() == original.stride(), name
-        assert torch.equal(loaded, original), name
+    assert_same_state(net, copy)  # on the GPU again, with its strides and values
     assert copy.head.weight is copy.embed.weight
     assert images_copy.stride() == images.stride() and torch.equal(images_copy.cuda(), images)
