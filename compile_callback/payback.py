@@ -47,9 +47,16 @@ GRAPH_SAVED_SHARE_DEVICE_BOUND = 0.05
 # the device's step to issue it: a host that cannot keep up sets the step's pace, so the two near each other
 # (ratio ~1), while a host with slack reads below. GPT-2's kept blocks on the H200 (session 22): the quickest
 # of five probes 0.77 and 0.80 of a 38.3-38.8 ms step (single probes 0.65-0.87), CUDA graphs 1.015x and
-# 1.026x over default mode where tried. Its slowest probe sat 3% under this bound: a slower host would price
-# its graphs at GRAPH_SAVED_SHARE again.
+# 1.026x over default mode where tried. Its slowest probe sat 3% under this bound: a slower host prices its
+# graphs higher (the ramp below).
 ISSUE_BOUND_SHARE = 0.9
+# Between ISSUE_BOUND_SHARE and a host as slow as the device (ratio 1) the price rises linearly from
+# GRAPH_SAVED_SHARE_DEVICE_BOUND to GRAPH_SAVED_SHARE: there a reading says as much about the host's load at
+# the moment as about the step. GPT-2's kept blocks on a loaded H200 host (session 25, the clock beside the run
+# 29% slow) read 0.94 of a 39.8 ms step, were priced at half their share and tried with ~550 batches left:
+# kept at 1.031x, they saved <=1% of the 420 steps left for ~2.3 s of stopped training. At 0.94 the ramp
+# prices them at 24% of their share (~3.3 s over those batches against ~3.8 s for recompiling and checking).
+ISSUE_HOST_BOUND_SHARE = 1.0
 
 
 def compile_units(modules: Sequence[nn.Module], *, repeated: bool) -> int:
@@ -229,6 +236,18 @@ def part_first_in_background(whole: Priced, parts: Sequence[Priced], costs: Comp
     return best, note
 
 
+def graph_saved_share(issue_ms: float | None, step_ms: float) -> float:
+    """The share of the kept regions' share of the step that CUDA graphs are priced to save, by how fast the
+    host issues the kept step (``issue_ms``, None: not measured) against the ``step_ms`` the device runs it
+    in: :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` up to :data:`ISSUE_BOUND_SHARE` of the step (the host keeps
+    ahead), :data:`GRAPH_SAVED_SHARE` from :data:`ISSUE_HOST_BOUND_SHARE` (the host sets the pace) or unmeasured,
+    linear between."""
+    if issue_ms is None:
+        return GRAPH_SAVED_SHARE
+    where = (issue_ms / step_ms - ISSUE_BOUND_SHARE) / (ISSUE_HOST_BOUND_SHARE - ISSUE_BOUND_SHARE)
+    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)
+
+
 def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
                        batches: int, issue_ms: float | None = None) -> str | None:
     """Why the CUDA-graph trial of the ``kept`` regions cannot repay recompiling them over ``batches``
@@ -236,21 +255,21 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known.
 
     ``issue_ms``: the host's time to issue one step of the kept plan from an empty launch queue (None: not
-    measured). Under :data:`ISSUE_BOUND_SHARE` of the ``step_ms`` the device runs it in, the host keeps ahead
-    and graphs are priced at :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` of the kept share, else at
-    :data:`GRAPH_SAVED_SHARE`."""
+    measured); :func:`graph_saved_share` prices the graphs by it."""
     compile_s = costs.seconds(sum(c.units for c in kept)) if costs.known else None
     if compile_s is None or not step_ms:
         return None
     cost = compile_s + costs.check_s  # as costs.trial_seconds
     share = min(1.0, sum(c.share for c in kept))
-    device_bound = issue_ms is not None and issue_ms < ISSUE_BOUND_SHARE * step_ms
-    saved = GRAPH_SAVED_SHARE_DEVICE_BOUND if device_bound else GRAPH_SAVED_SHARE
+    saved = graph_saved_share(issue_ms, step_ms)
     saving = saving_seconds(share, step_ms, batches, saved=saved)
     if saving >= cost:
         return None
-    why = (f" (the host issues the kept plan's step in {issue_ms:.1f} ms, the device runs it in {step_ms:.1f} ms: "
-           f"graphs would only close the device's gaps between kernels)") if device_bound else ""
+    why = ""
+    if issue_ms is not None and saved < GRAPH_SAVED_SHARE:
+        why = f" (the host issues the kept plan's step in {issue_ms:.1f} ms, the device runs it in {step_ms:.1f} ms: "
+        why += ("graphs would only close the device's gaps between kernels)" if saved == GRAPH_SAVED_SHARE_DEVICE_BOUND
+                else f"near the device's pace, graphs priced at {saved:.0%} of the kept regions' share)")
     checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
     return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s{why}, "
             f"recompiling the kept regions for it costs ~{compile_s:.1f} s (estimated {costs.source})"

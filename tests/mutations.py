@@ -516,9 +516,16 @@ MUTATIONS = [
     Mutation(
         name="CUDA graphs priced at the launch-bound share however fast the host issues the kept step",
         path="compile_callback/payback.py",
-        old="    device_bound = issue_ms is not None and issue_ms < ISSUE_BOUND_SHARE * step_ms\n",
-        new="    device_bound = False\n",
+        old="    if issue_ms is None:\n        return GRAPH_SAVED_SHARE\n",
+        new="    if True:\n        return GRAPH_SAVED_SHARE\n",
         tests=("tests/test_payback.py::test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of_the_device",),
+    ),
+    Mutation(
+        name="CUDA graphs priced by a cliff at ISSUE_BOUND_SHARE rather than a ramp to the device's pace",
+        path="compile_callback/payback.py",
+        old="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)\n",
+        new="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + (where > 0) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)\n",
+        tests=("tests/test_payback.py::test_cuda_graphs_near_the_devices_pace_are_priced_between_the_two_shares",),
     ),
     Mutation(
         name="a group of blocks parks the optimizer's state for its verification",

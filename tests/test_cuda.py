@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_callback import CompileCallback, StepTimer
+from compile_callback import CompileCallback, StepTimer, payback
 from tests.conftest import loader, make_trainer
 
 pytestmark = pytest.mark.cuda
@@ -153,6 +153,24 @@ def test_a_short_run_tries_no_cuda_graphs_it_cannot_repay(tmp_path):
     assert "reduce-overhead" not in [d["mode"] for d in report["decisions"]], report["decisions"]
     assert any(n.startswith("reduce-overhead (CUDA graphs) not tried: the ") and "batches left would save" in n
                and "checking them ~" in n for n in report["plan"]["notes"]), report["plan"]["notes"]  # verified: priced
+
+
+def test_a_host_bound_kept_step_reads_the_devices_pace_and_its_cuda_graphs_are_tried(tmp_path):
+    """The top of the price's ramp (payback.ISSUE_HOST_BOUND_SHARE): the kept blocks' step, a few fused kernels
+    on tiny tensors, is set by the host, so the host's time to issue it from an empty queue reads at least the
+    device's step, and CUDA graphs are priced at GRAPH_SAVED_SHARE and tried over the 5000 planned batches."""
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15)
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], accelerator="cuda", max_epochs=-1,
+                           max_steps=5000)
+    trainer.fit(BlocksOnly(), loader(batch_size=8))
+    report = callback.last_report
+    plan = report["plan"]
+    kept = [d for d in report["decisions"] if d["kept"] and d["mode"] == "default"]
+    assert plan["launch_bound"] is True and kept, (plan, report["decisions"])
+    step_ms = kept[-1]["step_ms"]
+    print(f"host issue {plan['host_issue_ms']:.3f} ms of a {step_ms:.3f} ms step: {plan['host_issue_ms'] / step_ms:.2f}")
+    assert plan["host_issue_ms"] >= payback.ISSUE_HOST_BOUND_SHARE * step_ms, (plan, step_ms)
+    assert "reduce-overhead" in [d["mode"] for d in report["decisions"]], (report["decisions"], plan["notes"])
 
 
 class Wide(nn.Module):

@@ -84,12 +84,34 @@ def test_cuda_graphs_are_priced_low_where_the_host_issues_the_kept_step_ahead_of
     costs.observe_check(2.0)
     # Host-bound (or not measured): half the kept share, ~6.1 s over 400 batches against ~5.3 s: tried.
     assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400) is None
-    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400, issue_ms=35.0) is None  # 92% of the step
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400, issue_ms=38.0) is None  # the host's pace
+    assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400, issue_ms=41.0) is None  # slower still
     note = graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=400, issue_ms=33.4)  # 88%: the H200's GPT-2
     assert note is not None and "would save ~0.6 s" in note, note  # 5% of 0.8 x 38 ms x 400
     assert "issues the kept plan's step in 33.4 ms, the device runs it in 38.0 ms" in note, note
     # A run long enough repays even the device-bound price: 0.05 x 0.8 x 38 ms x 5000 = 7.6 s.
     assert graph_trial_unpaid([BLOCKS], costs, step_ms=38.0, batches=5000, issue_ms=33.4) is None
+
+
+def test_cuda_graphs_near_the_devices_pace_are_priced_between_the_two_shares():
+    """GPT-2's kept blocks on a loaded H200 host (session 25): the quickest probe 37.5 ms of a 39.8 ms step
+    (0.94), priced at half the blocks' 63% share and tried with ~550 batches left; kept at 1.031x they saved
+    <=1% of the steps left for ~2.3 s of stopped training. Between 0.9 and 1 of the step the price is a ramp."""
+    assert payback.graph_saved_share(None, 38.0) == payback.GRAPH_SAVED_SHARE
+    assert payback.graph_saved_share(0.9 * 38.0, 38.0) == pytest.approx(payback.GRAPH_SAVED_SHARE_DEVICE_BOUND)
+    assert payback.graph_saved_share(0.95 * 38.0, 38.0) == pytest.approx(0.275)  # halfway: (0.05 + 0.5) / 2
+    assert payback.graph_saved_share(38.0, 38.0) == pytest.approx(payback.GRAPH_SAVED_SHARE)
+    readings = [payback.graph_saved_share(r / 100 * 38.0, 38.0) for r in range(80, 111)]
+    assert readings == sorted(readings) and len(set(readings)) == 11  # flat to 90%, ten steps up to 100%, flat
+    costs = CompileCosts("inductor")
+    costs.observe(9, 0.59, cold=False)  # the blocks came from the child's warm cache: the prior prices them
+    costs.observe_check(0.7)
+    gpt2 = Priced("transformer.h.*", share=0.6285, units=9, whole=False)
+    note = graph_trial_unpaid([gpt2], costs, step_ms=39.8, batches=550, issue_ms=37.5)
+    assert note is not None and "would save ~3.3 s" in note and "costs ~3.1 s" in note, note
+    assert "near the device's pace, graphs priced at 24% of the kept regions' share" in note, note
+    assert graph_trial_unpaid([gpt2], costs, step_ms=39.8, batches=550, issue_ms=39.5) is None  # 0.99: ~6.2 s
+    assert graph_trial_unpaid([gpt2], costs, step_ms=39.8, batches=5000, issue_ms=37.5) is None  # a long run repays
 
 
 def test_a_trials_set_up_beyond_its_compile_is_priced_too():
