@@ -1,5 +1,5 @@
-# Session 26 GPU calls (session 25's script)
 #!/bin/bash
+# Session 26 GPU calls (session 25's script)
 # Session 25 GPU calls (session 24's script)
 # Session 24 GPU calls (session 23's script, plus "0:@unset NAME" to drop a variable @set exported)
 # Session 23 GPU calls (session 22's script; /tmp/b emptied first: /tmp can outlive a machine here)
