@@ -619,6 +619,20 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_checks.py::test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab",),
     ),
     Mutation(
+        name="an in-fit A/B whose cycles disagree answers nothing even where every cycle gives one verdict",
+        path="benchmarks/table.py",
+        old='        every = _every_cycle(telemetry.get("reported"), cycles)\n',
+        new="        every = None\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
+    ),
+    Mutation(
+        name="an in-fit A/B's cycles read as met where any one of them agrees with the report",
+        path="benchmarks/table.py",
+        old="    if all(abs(error) <= checks.TELEMETRY_TOLERANCE for error in errors):\n",
+        new="    if any(abs(error) <= checks.TELEMETRY_TOLERANCE for error in errors):\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
+    ),
+    Mutation(
         name="the same-batches figure over the wrong blocks (compiled taken for eager)",
         path="benchmarks/checks.py",
         old="        (eager if block % 4 in (0, 3) else compiled).extend(steps[start + 1:start + reprice.BLOCK])\n",

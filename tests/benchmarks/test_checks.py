@@ -212,6 +212,29 @@ def test_an_in_fit_ab_whose_cycles_disagree_answers_nothing():
     assert {v.target: v.verdict for v in table.evaluate_targets(_run(EAGER, WHOLE_RO, record))}[target] == "**not met**"
 
 
+def test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict():
+    """Session 26, ResNet-18 CIFAR on the H200: reported 2.456x, the in-fit A/B's cycles 2.398x and 2.536x
+    (5.8% apart): +2.4% against one, -3.2% against the other, met whichever stands."""
+    target = "callback `compile/speedup` within ±5% of the harness's A/B"
+    eager_end = {"variant": "eager_end", "status": "ok", "median_ms": 52.0}  # a drift: between variants says nothing
+    record = _with_in_fit_ab(_callback(23.84, speedup=1.90), 45.6, 24.0)  # in-fit 1.90x
+    cases = (([1.82, 1.95], "met by every cycle of the in-fit A/B (1.820-1.950×; between variants: "
+                            "inconclusive (host drift -13.1%))"),  # +4.4%, -2.6%
+             ([1.60, 1.70], "**not met** by every cycle of the in-fit A/B (1.600-1.700×; between variants: "
+                            "inconclusive (host drift -13.1%))"),  # +18.8%, +11.8%
+             ([1.70, 1.95], "inconclusive (host drift -13.1%); in-fit A/B inconclusive (its cycles read "
+                            "1.700-1.950×)"))  # +11.8%, -2.6%: which cycle stands decides
+    for cycles, expected in cases:
+        record["in_fit_ab"]["cycle_speedups"] = cycles
+        result = _run(EAGER, WHOLE_RO, record, eager_end)
+        assert {v.target: v.verdict for v in table.evaluate_targets(result)}[target] == expected, cycles
+    # A steady host: the variants' A/B (+0.2%) and every cycle must agree.
+    record["in_fit_ab"]["cycle_speedups"] = [1.82, 1.95]
+    assert {v.target: v.verdict for v in table.evaluate_targets(_run(EAGER, WHOLE_RO, record))}[target] == "met"
+    record["in_fit_ab"]["cycle_speedups"] = [1.60, 1.70]
+    assert {v.target: v.verdict for v in table.evaluate_targets(_run(EAGER, WHOLE_RO, record))}[target] == "**not met**"
+
+
 def test_eager_wandering_within_its_own_run_hands_the_telemetry_verdict_to_the_in_fit_ab():
     """Session 9, ResNet-18 CIFAR on the H200: eager's start and end agreed within 1.4%, but its own
     100-step medians ranged 7.0-10.5 ms between them; the A/B between variants read +16.6%, the in-fit
