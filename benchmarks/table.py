@@ -573,14 +573,15 @@ def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
     inside the callback's own fit, which a drift puts on both sides alike) answers alone, saying so.
     An in-fit A/B whose own ABBA cycles read further apart than the tolerance measured a host that
     moved within it (session 16: ResNet-18 CIFAR's cycles 2.305x and 2.811x): it answers only where
-    every cycle gives the same verdict (session 26: reported 2.456x, cycles 2.398x and 2.536x, +2.4% and
-    -3.2%: met whichever cycle stands), else nothing. Otherwise both must pass where both exist."""
+    every cycle and the A/B's pooled medians give the same verdict (session 26: reported 2.456x, cycles
+    2.398x and 2.536x, +2.4% and -3.2%, pooled 2.515x: met whichever stands), else nothing. Otherwise
+    both must pass where both exist."""
     passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")
     unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None
     cycles = telemetry.get("in_fit_cycles")
     if in_fit is not None and cycles and cycles[1] > cycles[0] * (1 + checks.TELEMETRY_TOLERANCE):
         every = _every_cycle(telemetry.get("reported"), cycles)
-        if every is None:
+        if every is None or every != in_fit:  # the ratio of pooled medians need not lie between the cycles
             moved = f"in-fit A/B inconclusive (its cycles read {cycles[0]:.3f}-{cycles[1]:.3f}×)"
             return f"{unsteady or _verdict(passed)}; {moved}"
         if unsteady:

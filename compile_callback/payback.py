@@ -43,19 +43,20 @@ LAUNCH_BOUND_SHARE = 0.7
 # 2.11): GPT-2's kept blocks, 1.015-1.031x over default mode in eight runs (sessions 21-22), ~3% of the step
 # and ~5% of the blocks' share.
 GRAPH_SAVED_SHARE_DEVICE_BOUND = 0.05
-# The kept plan's step is host-bound where the host, from an empty launch queue, takes at least this share of
-# the device's step to issue it: a host that cannot keep up sets the step's pace, so the two near each other
-# (ratio ~1), while a host with slack reads below. GPT-2's kept blocks on the H200 (session 22): the quickest
-# of five probes 0.77 and 0.80 of a 38.3-38.8 ms step (single probes 0.65-0.87), CUDA graphs 1.015x and
-# 1.026x over default mode where tried. Its slowest probe sat 3% under this bound: a slower host prices its
-# graphs higher (the ramp below).
+# Below this share of the device's step, the host issues the kept plan's step (from an empty launch queue)
+# with room to spare and keeps ahead; a host that cannot keep up sets the step's pace and reads at or above 1
+# (the time to the next batch holds the loop's work between steps, which the device's step does not). GPT-2's
+# kept blocks on the H200 (session 22): the quickest of five probes 0.77 and 0.80 of a 38.3-38.8 ms step (single
+# probes 0.65-0.87), CUDA graphs 1.015x and 1.026x over default mode where tried.
 ISSUE_BOUND_SHARE = 0.9
-# Between ISSUE_BOUND_SHARE and a host as slow as the device (ratio 1) the price rises linearly from
-# GRAPH_SAVED_SHARE_DEVICE_BOUND to GRAPH_SAVED_SHARE: there a reading says as much about the host's load at
-# the moment as about the step. GPT-2's kept blocks on a loaded H200 host (session 25, the clock beside the run
-# 29% slow) read 0.94 of a 39.8 ms step, were priced at half their share and tried with ~550 batches left:
-# kept at 1.031x, they saved <=1% of the 420 steps left for ~2.3 s of stopped training. At 0.94 the ramp
-# prices them at 24% of their share (~3.3 s over those batches against ~3.8 s for recompiling and checking).
+# From this share on, graphs are priced as on a host-bound step; between the two bounds the price rises
+# linearly, so a probe a percent either side of one bound moves it a little, not tenfold. Host-bound kept steps
+# read 1.55 and 1.91 on the H200 (session 26, tests/test_cuda.py's small fused blocks: 4.1-5.2 ms to the next
+# batch of a 2.7 ms step). GPT-2's kept blocks on a loaded host (session 25) read 0.953 of their 39.4 ms step:
+# on the ramp 29% of their share, ~5.4 s over the ~765 batches left against ~3.6 s for recompiling and
+# checking, so tried as at half their share (kept at 1.031x, they saved <=1% of the steps left for ~2.3 s of
+# stopped training). The ramp does not decide that case; a higher top would, but no host-bound step of a
+# larger model has been probed to place it.
 ISSUE_HOST_BOUND_SHARE = 1.0
 
 
@@ -238,14 +239,15 @@ def part_first_in_background(whole: Priced, parts: Sequence[Priced], costs: Comp
 
 def graph_saved_share(issue_ms: float | None, step_ms: float) -> float:
     """The share of the kept regions' share of the step that CUDA graphs are priced to save, by how fast the
-    host issues the kept step (``issue_ms``, None: not measured) against the ``step_ms`` the device runs it
-    in: :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` up to :data:`ISSUE_BOUND_SHARE` of the step (the host keeps
-    ahead), :data:`GRAPH_SAVED_SHARE` from :data:`ISSUE_HOST_BOUND_SHARE` (the host sets the pace) or unmeasured,
-    linear between."""
+    host issues the kept step (``issue_ms``, None: not measured) against the ``step_ms`` (> 0) the device
+    runs it in: :data:`GRAPH_SAVED_SHARE_DEVICE_BOUND` up to :data:`ISSUE_BOUND_SHARE` of the step (the host
+    keeps ahead), :data:`GRAPH_SAVED_SHARE` from :data:`ISSUE_HOST_BOUND_SHARE` on (the host sets the pace) or
+    unmeasured, linear between."""
     if issue_ms is None:
         return GRAPH_SAVED_SHARE
     where = (issue_ms / step_ms - ISSUE_BOUND_SHARE) / (ISSUE_HOST_BOUND_SHARE - ISSUE_BOUND_SHARE)
-    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)
+    span = GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND
+    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * span
 
 
 def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
@@ -266,10 +268,13 @@ def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: 
     if saving >= cost:
         return None
     why = ""
-    if issue_ms is not None and saved < GRAPH_SAVED_SHARE:
+    ratio = None if issue_ms is None else issue_ms / step_ms
+    if ratio is not None and ratio < ISSUE_HOST_BOUND_SHARE:
         why = f" (the host issues the kept plan's step in {issue_ms:.1f} ms, the device runs it in {step_ms:.1f} ms: "
-        why += ("graphs would only close the device's gaps between kernels)" if saved == GRAPH_SAVED_SHARE_DEVICE_BOUND
-                else f"near the device's pace, graphs priced at {saved:.0%} of the kept regions' share)")
+        why += ("graphs would only close the device's gaps between kernels)" if ratio <= ISSUE_BOUND_SHARE
+                else f"{ratio:.2f} of it, graphs priced at {saved:.0%} of the kept regions' share, between "
+                     f"{GRAPH_SAVED_SHARE_DEVICE_BOUND:.0%} where the host keeps ahead and {GRAPH_SAVED_SHARE:.0%} "
+                     "where it sets the pace)")
     checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
     return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s{why}, "
             f"recompiling the kept regions for it costs ~{compile_s:.1f} s (estimated {costs.source})"

@@ -523,8 +523,8 @@ MUTATIONS = [
     Mutation(
         name="CUDA graphs priced by a cliff at ISSUE_BOUND_SHARE rather than a ramp to the device's pace",
         path="compile_callback/payback.py",
-        old="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)\n",
-        new="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + (where > 0) * (GRAPH_SAVED_SHARE - GRAPH_SAVED_SHARE_DEVICE_BOUND)\n",
+        old="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * span\n",
+        new="    return GRAPH_SAVED_SHARE_DEVICE_BOUND + (where > 0) * span\n",
         tests=("tests/test_payback.py::test_cuda_graphs_near_the_devices_pace_are_priced_between_the_two_shares",),
     ),
     Mutation(
@@ -630,6 +630,27 @@ MUTATIONS = [
         path="benchmarks/table.py",
         old="    if all(abs(error) <= checks.TELEMETRY_TOLERANCE for error in errors):\n",
         new="    if any(abs(error) <= checks.TELEMETRY_TOLERANCE for error in errors):\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
+    ),
+    Mutation(
+        name="an in-fit A/B's cycles answer though its pooled medians give the other verdict",
+        path="benchmarks/table.py",
+        old="        if every is None or every != in_fit:  # the ratio of pooled medians need not lie between the cycles\n",
+        new="        if every is None:\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
+    ),
+    Mutation(
+        name="a report below every in-fit A/B cycle read as inconclusive",
+        path="benchmarks/table.py",
+        old="    if min(errors) > checks.TELEMETRY_TOLERANCE or max(errors) < -checks.TELEMETRY_TOLERANCE:\n",
+        new="    if min(errors) > checks.TELEMETRY_TOLERANCE:\n",
+        tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
+    ),
+    Mutation(
+        name="every in-fit A/B cycle answers alone on a steady host (the variants' A/B ignored)",
+        path="benchmarks/table.py",
+        old="        return _verdict(every if passed is None else passed and every)\n",
+        new="        return _verdict(every)\n",
         tests=("tests/benchmarks/test_checks.py::test_an_in_fit_ab_whose_cycles_disagree_answers_where_every_cycle_gives_the_same_verdict",),
     ),
     Mutation(

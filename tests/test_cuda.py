@@ -172,10 +172,9 @@ class ScaledBlocksOnly(BlocksOnly):
 
 
 def test_a_host_bound_kept_step_reads_the_devices_pace_and_its_cuda_graphs_are_tried(tmp_path):
-    """The top of the price's ramp (payback.ISSUE_HOST_BOUND_SHARE): the kept blocks' step, a few fused kernels
-    on tiny tensors, is set by the host, so the host's time to issue it from an empty queue reads at least the
-    device's step (H200: 4.09 ms against a 2.65 ms step, 1.55), and CUDA graphs are priced at GRAPH_SAVED_SHARE
-    and tried over the 20000 planned batches (5000 did not repay a cold recompile: the blocks' took 10.8 s on a
+    """The kept blocks' step, a few fused kernels on tiny tensors, is set by the host: its probes must not read
+    it as a host that keeps ahead (the H200 read 1.55 and 1.91 of the step, NOTES session 26), and CUDA graphs
+    are tried over the 20000 planned batches (5000 did not repay a cold recompile: the blocks' took 10.8 s on a
     fresh H200 machine, and the probes were never taken)."""
     callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15)
     trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], accelerator="cuda", max_epochs=-1,
@@ -187,8 +186,7 @@ def test_a_host_bound_kept_step_reads_the_devices_pace_and_its_cuda_graphs_are_t
     assert plan["launch_bound"] is True and kept, (plan, report["decisions"])
     step_ms = kept[-1]["step_ms"]
     assert plan["host_issue_ms"] is not None, (plan["notes"], step_ms)  # probed: the launch-bound price repaid
-    print(f"host issue {plan['host_issue_ms']:.3f} ms of a {step_ms:.3f} ms step: {plan['host_issue_ms'] / step_ms:.2f}")
-    assert plan["host_issue_ms"] >= payback.ISSUE_HOST_BOUND_SHARE * step_ms, (plan, step_ms)
+    assert plan["host_issue_ms"] > payback.ISSUE_BOUND_SHARE * step_ms, (plan, step_ms)
     assert "reduce-overhead" in [d["mode"] for d in report["decisions"]], (report["decisions"], plan["notes"])
 
 

@@ -10,7 +10,9 @@ each time into an empty Inductor cache folder (Triton's following it), in the ph
 - ``standby``: as ``alone``, on an interpreter started ``STANDBY_LEAD_S`` before (the callback's first child
   runs on one started with the fit: :class:`compile_callback.background.Standby`).
 - ``beside:N``: the child at niceness N while the parent trains eagerly (plain loop, fused AdamW, bf16
-  autocast, every step timed with CUDA events), with 50 eager steps before it as the reference.
+  autocast, every step timed with CUDA events), with ``--reference-steps`` eager steps before it and as many
+  after it as the reference (session 26: 50 before alone, ~0.45 s of ResNet-18 CIFAR, could not tell a child's
+  cost from the host's moves).
 
 One JSON line per phase: the child's seconds in all and by stage (its own report), and the eager steps'
 median and mean before and during it, and their wall time per step. Session 17's runs synchronized every
@@ -62,11 +64,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="steps without a sync (as Lightning's loop): only the wall time per step is read")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="torch.backends.cudnn.benchmark=True, as the harness's Trainer(benchmark=True) sets it (the child copies it)")
+    parser.add_argument("--reference-steps", type=int, default=REFERENCE_STEPS,
+                        help=f"eager steps timed before and after each child beside training (default {REFERENCE_STEPS})")
     parser.add_argument("--cache-root", default=None, help="where the empty cache folders go (default: a temporary folder)")
     parser.add_argument("--module", default="",
                         help="the submodule the child compiles, by its dotted name (e.g. transformer.h.0: a repeated "
                              "block, as the callback prepares a group of them); default: the whole model")
     args = parser.parse_args(argv)
+    if args.reference_steps < 1:
+        parser.error(f"--reference-steps must be at least 1; got {args.reference_steps}")
     phases = [_phase(name) for name in args.phases.split(",") if name]
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -117,10 +123,10 @@ def main(argv: list[str] | None = None) -> None:
         if niceness is not None:
             os.environ[background.NICENESS_VARIABLE] = str(niceness)
         wall = time.perf_counter()
-        before = [step() for _ in range(REFERENCE_STEPS)] if kind == "beside" else []
+        before = [step() for _ in range(args.reference_steps)] if kind == "beside" else []
         if device.type == "cuda":
             torch.cuda.synchronize()
-        before_wall_ms = (time.perf_counter() - wall) * 1e3 / REFERENCE_STEPS
+        before_wall_ms = (time.perf_counter() - wall) * 1e3 / args.reference_steps
         standby = None
         if kind == "standby":  # as the callback's first child: an interpreter started with the fit, idle since
             standby = background.Standby()
@@ -139,6 +145,14 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize()
         waited = time.monotonic() - started
         ok, detail = child.outcome()
+        after_wall_ms = None
+        if kind == "beside":  # the same reference after the child: a host that moved shows as before != after
+            wall = time.perf_counter()
+            for _ in range(args.reference_steps):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            after_wall_ms = (time.perf_counter() - wall) * 1e3 / args.reference_steps
         steps = len(during)
         before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
@@ -153,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             # Wall time per step (host gaps included; the only figure with --async-steps).
             "before_wall_ms_per_step": before_wall_ms if kind == "beside" else None,
             "during_wall_ms_per_step": waited * 1e3 / steps if steps else None,
+            "after_wall_ms_per_step": after_wall_ms,
         }), flush=True)
 
 
