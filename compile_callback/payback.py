@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -250,35 +251,64 @@ def graph_saved_share(issue_ms: float | None, step_ms: float) -> float:
     return GRAPH_SAVED_SHARE_DEVICE_BOUND + min(1.0, max(0.0, where)) * span
 
 
-def graph_trial_unpaid(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
-                       batches: int, issue_ms: float | None = None) -> str | None:
-    """Why the CUDA-graph trial of the ``kept`` regions cannot repay recompiling them over ``batches``
-    (``reduce-overhead`` compiles its own graphs: on the H200 GPT-2's cold ones took 25.7 s after the
-    default-mode ones had come from the cache in 1.1 s), or None where it may or nothing is known.
+@dataclasses.dataclass(frozen=True)
+class GraphPrice:
+    """The CUDA-graph trial of the kept regions as priced (the report's ``plan.graph_trial_price``): what it may
+    save over the ``batches`` left against recompiling the kept regions (``reduce-overhead`` compiles its own
+    graphs: on the H200 GPT-2's cold ones took 25.7 s after the default-mode ones had come from the cache in
+    1.1 s) and checking them."""
 
-    ``issue_ms``: the host's time to issue one step of the kept plan from an empty launch queue (None: not
-    measured); :func:`graph_saved_share` prices the graphs by it."""
+    step_ms: float  # the kept plan's step, as its trial timed it
+    batches: int
+    share: float  # the kept regions' share of the step
+    issue_ms: float | None  # the host's time to issue the kept step from an empty launch queue (None: not measured)
+    saved_share: float  # of ``share``, each batch (graph_saved_share)
+    saving_s: float
+    compile_s: float
+    check_s: float
+    source: str  # how the compile was estimated
+
+    @property
+    def cost_s(self) -> float:
+        return self.compile_s + self.check_s  # as CompileCosts.trial_seconds
+
+    def as_report(self) -> dict[str, Any]:
+        """The report's form: every field, the cost and the host's reading as a share of the step."""
+        share = None if self.issue_ms is None else self.issue_ms / self.step_ms
+        return {**dataclasses.asdict(self), "cost_s": self.cost_s, "issue_share_of_step": share}
+
+    def unpaid(self) -> str | None:
+        """Why the trial cannot repay itself, or None where it may."""
+        if self.saving_s >= self.cost_s:
+            return None
+        why = ""
+        ratio = None if self.issue_ms is None else self.issue_ms / self.step_ms
+        if ratio is not None and ratio < ISSUE_HOST_BOUND_SHARE:
+            why = (f" (the host issues the kept plan's step in {self.issue_ms:.1f} ms, the device runs it in "
+                   f"{self.step_ms:.1f} ms: ")
+            why += ("graphs would only close the device's gaps between kernels)" if ratio <= ISSUE_BOUND_SHARE
+                    else f"{ratio:.2f} of it, graphs priced at {self.saved_share:.0%} of the kept regions' share, "
+                         f"between {GRAPH_SAVED_SHARE_DEVICE_BOUND:.0%} where the host keeps ahead and "
+                         f"{GRAPH_SAVED_SHARE:.0%} where it sets the pace)")
+        checking = f" and checking them ~{self.check_s:.1f} s more (as this run's trials did)" if self.check_s else ""
+        return (f"reduce-overhead (CUDA graphs) not tried: the {self.batches} batches left would save "
+                f"~{self.saving_s:.1f} s{why}, recompiling the kept regions for it costs ~{self.compile_s:.1f} s "
+                f"(estimated {self.source}){checking}")
+
+
+def graph_trial_price(kept: Sequence[Priced], costs: CompileCosts, *, step_ms: float | None,
+                      batches: int, issue_ms: float | None = None) -> GraphPrice | None:
+    """The CUDA-graph trial of the ``kept`` regions priced over ``batches`` (:class:`GraphPrice`;
+    :func:`graph_saved_share` prices the graphs by ``issue_ms``), or None where nothing is known to price it
+    by (no compile rate, no step)."""
     compile_s = costs.seconds(sum(c.units for c in kept)) if costs.known else None
     if compile_s is None or not step_ms:
         return None
-    cost = compile_s + costs.check_s  # as costs.trial_seconds
     share = min(1.0, sum(c.share for c in kept))
     saved = graph_saved_share(issue_ms, step_ms)
-    saving = saving_seconds(share, step_ms, batches, saved=saved)
-    if saving >= cost:
-        return None
-    why = ""
-    ratio = None if issue_ms is None else issue_ms / step_ms
-    if ratio is not None and ratio < ISSUE_HOST_BOUND_SHARE:
-        why = f" (the host issues the kept plan's step in {issue_ms:.1f} ms, the device runs it in {step_ms:.1f} ms: "
-        why += ("graphs would only close the device's gaps between kernels)" if ratio <= ISSUE_BOUND_SHARE
-                else f"{ratio:.2f} of it, graphs priced at {saved:.0%} of the kept regions' share, between "
-                     f"{GRAPH_SAVED_SHARE_DEVICE_BOUND:.0%} where the host keeps ahead and {GRAPH_SAVED_SHARE:.0%} "
-                     "where it sets the pace)")
-    checking = f" and checking them ~{costs.check_s:.1f} s more (as this run's trials did)" if costs.check_s else ""
-    return (f"reduce-overhead (CUDA graphs) not tried: the {batches} batches left would save ~{saving:.1f} s{why}, "
-            f"recompiling the kept regions for it costs ~{compile_s:.1f} s (estimated {costs.source})"
-            f"{checking}")
+    return GraphPrice(step_ms=step_ms, batches=batches, share=share, issue_ms=issue_ms, saved_share=saved,
+                      saving_s=saving_seconds(share, step_ms, batches, saved=saved), compile_s=compile_s,
+                      check_s=costs.check_s, source=costs.source)
 
 
 # Background compiles (compile_callback.background), where chosen rather than asked for: a compile

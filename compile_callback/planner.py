@@ -21,8 +21,8 @@ from compile_callback import torch_internals
 from compile_callback.background import POLL_EVERY, BackgroundCompile, Unavailable
 from compile_callback.memory import GB, graph_pool_misfit
 from compile_callback.payback import (
-    GRAPH_SAVED_SHARE, LAUNCH_BOUND_SHARE, SAVED_SHARE, CompileCosts, Priced, after_background, background_pays, compile_units,
-    graph_trial_unpaid, payback_order, saving_seconds,
+    GRAPH_SAVED_SHARE, LAUNCH_BOUND_SHARE, SAVED_SHARE, CompileCosts, GraphPrice, Priced, after_background, background_pays,
+    compile_units, graph_trial_price, payback_order, saving_seconds,
 )
 from compile_callback.profile import RegionProfiler, repeated_block_groups
 from compile_callback.regions import (
@@ -71,6 +71,7 @@ class Planner(Protocol):
     launch_bound: bool | None
     issue_ms: float | None  # the kept plan's step issued from an empty launch queue (AutoPlanner._time_issue)
     issue_samples_ms: list[float]  # ... each time it was timed, this rank's
+    graph_price: GraphPrice | None  # the CUDA-graph trial of the kept plan as last priced (AutoPlanner._graphs_unpaid)
     coverage: float | None
     eager_ms: float | None
 
@@ -157,6 +158,7 @@ class FixedPlanner(_CompilesRegions):
         self.launch_bound: bool | None = None  # not measured: nothing is chosen by it
         self.issue_ms: float | None = None
         self.issue_samples_ms: list[float] = []
+        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced
         self.coverage: float | None = None
         self.eager_ms: float | None = None  # the callback's timer holds the baseline
 
@@ -433,6 +435,7 @@ class AutoPlanner(_CompilesRegions):
         self._host_ms: list[float] = []
         self.issue_ms: float | None = None  # the kept plan's step issued from an empty queue (ISSUE batches)
         self.issue_samples_ms: list[float] = []  # every ISSUE batch's, this rank's
+        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced
         self._batch_index = 0
         self._label: str | None = WARMUP
         self._script = self._run()
@@ -1000,11 +1003,13 @@ class AutoPlanner(_CompilesRegions):
         return self.remaining_batches() - (self.warmup_steps + trial)
 
     def _graphs_unpaid(self, current_ms: float | None, remaining: int) -> str | None:
-        """Why the CUDA-graph trial of the kept regions cannot repay its compile (:func:`payback.graph_trial_unpaid`)."""
+        """Why the CUDA-graph trial of the kept regions cannot repay its compile (:class:`payback.GraphPrice`,
+        kept as ``graph_price`` for the report)."""
         kept_names = {r.name for r in self._kept}
         kept = [c.priced for c in self._all_candidates if c.name in kept_names]
-        return graph_trial_unpaid(kept, self._costs(), step_ms=current_ms, batches=remaining,
-                                  issue_ms=self.issue_ms) if kept else None
+        self.graph_price = graph_trial_price(kept, self._costs(), step_ms=current_ms, batches=remaining,
+                                             issue_ms=self.issue_ms) if kept else None
+        return self.graph_price.unpaid() if self.graph_price else None
 
     def _time_issue(self) -> Iterator[str]:
         """The host's time to issue a step of the kept plan, from an empty launch queue (the run waits for the

@@ -1038,6 +1038,7 @@ class CompileRun:
                 "launch_bound": self.planner.launch_bound,
                 "host_issue_ms": self.planner.issue_ms,
                 "host_issue_samples_ms": list(self.planner.issue_samples_ms),
+                "graph_trial_price": self.planner.graph_price.as_report() if self.planner.graph_price else None,
                 "coverage": self.planner.coverage,
                 "candidates": list(getattr(self.planner, "weighed", [])),
                 "notes": list(self.planner.notes) + self.notes + notes,

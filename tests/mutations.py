@@ -509,8 +509,8 @@ MUTATIONS = [
     Mutation(
         name="the CUDA-graph trial is tried however little the batches left could save",
         path="compile_callback/payback.py",
-        old="    if saving >= cost:\n",
-        new="    if True:\n",
+        old="        if self.saving_s >= self.cost_s:\n",
+        new="        if True:\n",
         tests=("tests/test_payback.py",),
     ),
     Mutation(
@@ -797,8 +797,8 @@ MUTATIONS = [
     Mutation(
         name="the CUDA-graph trial's price leaves out the run's set-up",
         path="compile_callback/payback.py",
-        old="    cost = compile_s + costs.check_s  # as costs.trial_seconds\n",
-        new="    cost = compile_s\n",
+        old="        return self.compile_s + self.check_s  # as CompileCosts.trial_seconds\n",
+        new="        return self.compile_s\n",
         tests=("tests/test_payback.py::test_a_trials_set_up_beyond_its_compile_is_priced_too",),
     ),
     Mutation(

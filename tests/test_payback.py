@@ -10,7 +10,7 @@ from torch import nn
 
 from compile_callback import CompileCallback, payback, profile
 from compile_callback.run import PROFILE_STEPS
-from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_unpaid, payback_order, saving_seconds
+from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_price, payback_order, saving_seconds
 from compile_callback.regions import backend_name
 from compile_callback.torch_internals import is_module_compiled
 from tests.conftest import Block, TinyModel, loader, make_trainer
@@ -21,6 +21,12 @@ GRAPH_S = 0.15
 def slow_to_compile(gm, example_inputs):
     time.sleep(GRAPH_S)  # a known compile time per graph
     return gm.forward
+
+
+def graph_trial_unpaid(kept, costs, **priced):
+    """Why the CUDA-graph trial of ``kept`` is not tried (:meth:`payback.GraphPrice.unpaid`), None where it is."""
+    price = graph_trial_price(kept, costs, **priced)
+    return None if price is None else price.unpaid()
 
 
 def test_a_group_of_repeated_blocks_counts_one_block():
@@ -110,6 +116,11 @@ def test_cuda_graphs_near_the_devices_pace_are_priced_between_the_two_shares():
     gpt2 = Priced("transformer.h.*", share=0.6285, units=9, whole=False)
     assert payback.graph_saved_share(37.546, 39.405) == pytest.approx(0.288, abs=0.001)
     assert graph_trial_unpaid([gpt2], costs, step_ms=39.405, batches=765, issue_ms=37.546) is None  # ~5.5 s: tried
+    report = graph_trial_price([gpt2], costs, step_ms=39.405, batches=765, issue_ms=37.546).as_report()
+    assert report == {"step_ms": 39.405, "batches": 765, "share": 0.6285, "issue_ms": 37.546,
+                      "saved_share": pytest.approx(0.2877, abs=1e-4), "saving_s": pytest.approx(5.451, abs=1e-3),
+                      "compile_s": pytest.approx(0.15 * (payback.FIXED_UNITS + 9)), "check_s": pytest.approx(0.4),
+                      "source": costs.source, "cost_s": pytest.approx(3.55), "issue_share_of_step": pytest.approx(0.9528, abs=1e-4)}
     note = graph_trial_unpaid([gpt2], costs, step_ms=39.405, batches=480, issue_ms=37.546)  # break-even ~498
     assert note is not None and "would save ~3.4 s" in note and "costs ~3.1 s" in note, note
     assert "0.95 of it, graphs priced at 29% of the kept regions' share, between 5% where" in note, note
