@@ -71,7 +71,7 @@ class Planner(Protocol):
     launch_bound: bool | None
     issue_ms: float | None  # the kept plan's step issued from an empty launch queue (AutoPlanner._time_issue)
     issue_samples_ms: list[float]  # ... each time it was timed, this rank's
-    graph_price: GraphPrice | None  # the CUDA-graph trial of the kept plan as last priced (AutoPlanner._graphs_unpaid)
+    graph_price: GraphPrice | None  # the CUDA-graph trial of the kept plan as last priced, rank 0's (AutoPlanner._graphs_unpaid)
     coverage: float | None
     eager_ms: float | None
 
@@ -158,7 +158,7 @@ class FixedPlanner(_CompilesRegions):
         self.launch_bound: bool | None = None  # not measured: nothing is chosen by it
         self.issue_ms: float | None = None
         self.issue_samples_ms: list[float] = []
-        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced
+        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced, rank 0's
         self.coverage: float | None = None
         self.eager_ms: float | None = None  # the callback's timer holds the baseline
 
@@ -435,7 +435,7 @@ class AutoPlanner(_CompilesRegions):
         self._host_ms: list[float] = []
         self.issue_ms: float | None = None  # the kept plan's step issued from an empty queue (ISSUE batches)
         self.issue_samples_ms: list[float] = []  # every ISSUE batch's, this rank's
-        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced
+        self.graph_price: GraphPrice | None = None  # the CUDA-graph trial of the kept plan as last priced, rank 0's
         self._batch_index = 0
         self._label: str | None = WARMUP
         self._script = self._run()
@@ -1007,8 +1007,11 @@ class AutoPlanner(_CompilesRegions):
         kept as ``graph_price`` for the report)."""
         kept_names = {r.name for r in self._kept}
         kept = [c.priced for c in self._all_candidates if c.name in kept_names]
-        self.graph_price = graph_trial_price(kept, self._costs(), step_ms=current_ms, batches=remaining,
-                                             issue_ms=self.issue_ms) if kept else None
+        price = graph_trial_price(kept, self._costs(), step_ms=current_ms, batches=remaining,
+                                  issue_ms=self.issue_ms) if kept else None
+        # Rank 0's, as every choice: each rank's step and compile times differ, and whether the probes run
+        # follows from this price (ranks that went different ways would pair their collectives wrongly).
+        self.graph_price = self.agree(price)
         return self.graph_price.unpaid() if self.graph_price else None
 
     def _time_issue(self) -> Iterator[str]:

@@ -188,6 +188,7 @@ def test_a_host_bound_kept_step_reads_the_devices_pace_and_its_cuda_graphs_are_t
     assert plan["host_issue_ms"] is not None, (plan["notes"], step_ms)  # probed: the launch-bound price repaid
     assert plan["host_issue_ms"] > payback.ISSUE_BOUND_SHARE * step_ms, (plan, step_ms)
     price = plan["graph_trial_price"]  # as the planner priced it: the kept trial's step, the quickest probe
+    assert price is not None, plan
     assert price["step_ms"] == step_ms and price["issue_ms"] == plan["host_issue_ms"], (price, plan)
     assert price["saving_s"] >= price["cost_s"] and price["saved_share"] > payback.GRAPH_SAVED_SHARE_DEVICE_BOUND, price
     assert "reduce-overhead" in [d["mode"] for d in report["decisions"]], (report["decisions"], plan["notes"])
@@ -250,6 +251,7 @@ def test_cuda_graphs_are_priced_by_how_fast_the_host_issues_the_kept_step(tmp_pa
     assert "reduce-overhead" not in [d["mode"] for d in report["decisions"]], (report["decisions"], plan["notes"])
     assert any("graphs would only close the device's gaps between kernels" in n for n in plan["notes"]), plan["notes"]
     price = plan["graph_trial_price"]
+    assert price is not None, plan
     assert price["saved_share"] == payback.GRAPH_SAVED_SHARE_DEVICE_BOUND and price["saving_s"] < price["cost_s"], price
     assert f"would save ~{price['saving_s']:.1f} s" in " ".join(plan["notes"]), (price, plan["notes"])
 
