@@ -345,7 +345,8 @@ class AutoPlanner(_CompilesRegions):
     timed; keep it when the current plan's median over its median is at least ``min_speedup`` and
     beyond the noise, else revert. The whole model is tried first (one graph is usually best); if it is
     not kept, repeated block groups and hot submodules follow, each on top of what was kept. When the
-    step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried on the kept plan last.
+    step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried on the kept plan last, or, where
+    nothing was kept, on the largest region tried (:meth:`_graphs_of_the_largest_tried`).
 
     Args:
         root: the LightningModule.
@@ -544,6 +545,12 @@ class AutoPlanner(_CompilesRegions):
                 continue
             trials += 1
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
+            if kept_ms is not None:
+                current_ms = kept_ms
+        graphs = self._graphs_of_the_largest_tried(current_ms) if trials < self.max_trials else None
+        if graphs is not None:
+            trials += 1
+            kept_ms = yield from self._trial(graphs, current_ms, label=f"trial:{len(plan)}")
             if kept_ms is not None:
                 current_ms = kept_ms
         # A kept region's guard reverts it on its own rank when its compiled code fails; before the
@@ -1122,9 +1129,39 @@ class AutoPlanner(_CompilesRegions):
             return True, None
         return background_pays(self._costs().seconds(units), left_s=self.remaining_batches() * (self.eager_ms or 0.0) / 1e3)
 
+    def _graphs_of_the_largest_tried(self, current_ms: float | None) -> Candidate | None:
+        """On a launch-bound step where nothing was kept and no CUDA graphs were tried (no whole-model candidate,
+        or it could not repay), the region of the largest share that was tried in default mode, with
+        ``reduce-overhead``, where the batches left repay it; else None (and a note where it cannot repay).
+
+        Fusing alone may not pay where the host sets the pace: the graphs take the region's launches off the host.
+        On the H200 (session 27), the recipe's GPT-2 with its blocks called from ``training_step`` at batch 1 x 64
+        (a host-bound ~15 ms step): its blocks 1.12x in default mode, not kept, and nothing else tried."""
+        if self._kept or not self._graphs_first() or any(d.mode == "reduce-overhead" for d in self.decisions):
+            return None
+        tried = {d.region for d in self.decisions if d.mode == "default" and d.step_ms is not None}
+        pool = [c for c in self._all_candidates if c.name in tried and c.name != MODEL]
+        if not pool:
+            return None
+        candidate = dataclasses.replace(max(pool, key=lambda c: c.share), mode="reduce-overhead")
+        unpaid = self._unpaid(candidate, current_ms)
+        if unpaid is None:
+            return candidate
+        self.notes.append(f"reduce-overhead (CUDA graphs) of `{candidate.name}` after its default mode was not kept "
+                          f"not tried: {unpaid.removeprefix('skipped: ')}")
+        return None
+
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
         """Whether the batches left can repay ``candidate``'s compile, judged on this run's measured
         compiles only (a prior may order the candidates, never skip one)."""
+        reason = self._unpaid(candidate, current_ms)
+        if reason is None:
+            return True
+        self._decide(candidate, self.options, kept=False, reason=reason)
+        return False
+
+    def _unpaid(self, candidate: Candidate, current_ms: float | None) -> str | None:
+        """Why the batches left cannot repay ``candidate``'s compile (rank 0's judgement), or None."""
         remaining = self._batches_left(candidate)
         costs = self._costs()
         reason = None
@@ -1144,10 +1181,8 @@ class AutoPlanner(_CompilesRegions):
                 reason = f"skipped: {max(0, remaining)} batches left save ~{saving_s:.1f} s, {how} (estimated {costs.source})"
         # Compile times and shares differ by rank; whether to try must not.
         if bool(self.agree(reason is None)):
-            return True
-        self._decide(candidate, self.options, kept=False,
-                     reason=reason or "skipped: rank 0 judged that the batches left cannot repay a compile")
-        return False
+            return None
+        return reason or "skipped: rank 0 judged that the batches left cannot repay a compile"
 
     def _checked_in_child(self, region: Region, checked: VerificationResult | None,
                           names: list[str]) -> VerificationResult | None:

@@ -194,6 +194,27 @@ def test_a_host_bound_kept_step_reads_the_devices_pace_and_its_cuda_graphs_are_t
     assert "reduce-overhead" in [d["mode"] for d in report["decisions"]], (report["decisions"], plan["notes"])
 
 
+def test_where_the_blocks_default_mode_is_not_kept_on_a_launch_bound_step_their_cuda_graphs_are_tried(tmp_path):
+    """No whole-model candidate and nothing kept in default mode (min_speedup out of reach): on a launch-bound step
+    the largest region tried is tried again with CUDA graphs, which take its launches off the host (session 27:
+    the recipe's GPT-2 blocks at batch 1 x 64 were 1.12x in default mode, not kept, and the run stayed eager)."""
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15, min_speedup=100.0)
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], accelerator="cuda", max_epochs=-1,
+                           max_steps=20_000)
+    trainer.fit(ScaledBlocksOnly(), loader(batch_size=8))
+    report = callback.last_report
+    assert report["plan"]["launch_bound"] is True, report["plan"]
+    decisions = report["decisions"]
+    default = [d for d in decisions if d["mode"] == "default" and d["step_ms"] is not None]
+    graphs = [d for d in decisions if d["mode"] == "reduce-overhead"]
+    assert default and graphs and graphs[0]["step_ms"] is not None, (decisions, report["plan"]["notes"])
+    largest = max(default, key=lambda d: d["time_share"])
+    assert graphs[0]["region"] == largest["region"] and decisions.index(graphs[0]) > decisions.index(largest), decisions
+    assert not any(d["kept"] for d in decisions) and report["summary"]["regions_compiled"] == 0, decisions
+    # What the graphs are for: the same blocks' step, host-bound in default mode, is quicker with them.
+    assert graphs[0]["step_ms"] < largest["step_ms"], (graphs[0], largest)
+
+
 class Wide(nn.Module):
     """A large matmul scaled by a gate that thirty elementwise ops on a small parameter make: eager, the host
     issues ~90 small kernels a forward (launch-bound); compiled, they fuse and the matmul's device time is most

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 27 GPU calls (session 26's script)
+# Session 27 GPU calls (session 26's script, plus @probe: benchmarks.diagnostics.issueprobe into issue.jsonl)
 # Session 26 GPU calls (session 25's script)
 # Session 25 GPU calls (session 24's script)
 # Session 24 GPU calls (session 23's script, plus "0:@unset NAME" to drop a variable @set exported)
@@ -47,6 +47,8 @@ for spec in "$@"; do
           tail -c 3000 /tmp/err/arm.txt > $OUT/arm-stderr-tail.txt ;;
     @child) timeout -k 10 $limit python3 -m benchmarks.diagnostics.child $args >> $OUT/child.jsonl 2>/tmp/err/child.txt
             tail -c 3000 /tmp/err/child.txt > $OUT/child-stderr-tail.txt ;;
+    @probe) timeout -k 10 $limit python3 -m benchmarks.diagnostics.issueprobe $args >> $OUT/issue.jsonl 2>/tmp/err/probe.txt
+            tail -c 3000 /tmp/err/probe.txt > $OUT/probe-stderr-tail.txt ;;
     @after) eval "timeout -k 10 $limit python3 -m benchmarks.diagnostics.aftereffect $args" >> $OUT/steps.jsonl 2>/tmp/err/after.txt
             tail -c 3000 /tmp/err/after.txt > $OUT/after-stderr-tail.txt ;;
     *) timeout -k 10 $limit python3 -m benchmarks --workload $workload --out /tmp/b/$n-$workload $args 2>&1 | tr '\r' '\n' \
@@ -59,4 +61,4 @@ kill $CLOCK
 [ -d /tmp/b ] && tar czf $OUT/res.tgz --exclude="*.ckpt" --exclude="*tfevents*" --exclude=caches -C /tmp/b . 2>/dev/null
 python3 -m benchmarks.diagnostics.hostclock read $OUT/clock.jsonl /tmp/b/*/*.json 2>/dev/null | tee -a $L
 grep -h "median\|telemetry\|in-fit\|re-pric\|repric\|peak" /tmp/b/*/*.md 2>/dev/null | grep -v "^|" | head -40
-tail -40 $L; cat $OUT/machine.txt | tail -4; for f in peak hooks steps arm child; do [ -f $OUT/$f.jsonl ] && cut -c1-600 $OUT/$f.jsonl; done; true
+tail -40 $L; cat $OUT/machine.txt | tail -4; for f in peak hooks steps arm child issue; do [ -f $OUT/$f.jsonl ] && cut -c1-600 $OUT/$f.jsonl; done; true
