@@ -346,7 +346,7 @@ class AutoPlanner(_CompilesRegions):
     beyond the noise, else revert. The whole model is tried first (one graph is usually best); if it is
     not kept, repeated block groups and hot submodules follow, each on top of what was kept. When the
     step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried on the kept plan last, or, where
-    nothing was kept, on the largest region tried (:meth:`_graphs_of_the_largest_tried`).
+    the largest region tried was not kept, on that region (:meth:`_graphs_of_the_largest_tried`).
 
     Args:
         root: the LightningModule.
@@ -1130,20 +1130,24 @@ class AutoPlanner(_CompilesRegions):
         return background_pays(self._costs().seconds(units), left_s=self.remaining_batches() * (self.eager_ms or 0.0) / 1e3)
 
     def _graphs_of_the_largest_tried(self, current_ms: float | None) -> Candidate | None:
-        """On a launch-bound step where nothing was kept and no CUDA graphs were tried (no whole-model candidate,
-        or it could not repay), the region of the largest share that was tried in default mode, with
-        ``reduce-overhead``, where the batches left repay it; else None (and a note where it cannot repay).
+        """On a launch-bound step where no CUDA graphs were tried (no whole-model candidate, or it could not repay)
+        and the region of the largest share tried in default mode was not kept: that region with
+        ``reduce-overhead``, on top of what was kept, where the batches left repay it; else None (and a note where
+        it cannot repay). Where it was kept, the kept plan's own CUDA-graph trial follows instead.
 
         Fusing alone may not pay where the host sets the pace: the graphs take the region's launches off the host.
         On the H200 (session 27), the recipe's GPT-2 with its blocks called from ``training_step`` at batch 1 x 64
         (a host-bound ~15 ms step): its blocks 1.12x in default mode, not kept, and nothing else tried."""
-        if self._kept or not self._graphs_first() or any(d.mode == "reduce-overhead" for d in self.decisions):
+        if not self._graphs_first() or any(d.mode == "reduce-overhead" for d in self.decisions):
             return None
         tried = {d.region for d in self.decisions if d.mode == "default" and d.step_ms is not None}
         pool = [c for c in self._all_candidates if c.name in tried and c.name != MODEL]
         if not pool:
             return None
-        candidate = dataclasses.replace(max(pool, key=lambda c: c.share), mode="reduce-overhead")
+        largest = max(pool, key=lambda c: c.share)
+        if any(r.name == largest.name for r in self._kept):
+            return None
+        candidate = dataclasses.replace(largest, mode="reduce-overhead")
         unpaid = self._unpaid(candidate, current_ms)
         if unpaid is None:
             return candidate
