@@ -1142,10 +1142,10 @@ class AutoPlanner(_CompilesRegions):
             return None
         tried = {d.region for d in self.decisions if d.mode == "default" and d.step_ms is not None}
         pool = [c for c in self._all_candidates if c.name in tried and c.name != MODEL]
-        if not pool:
-            return None
-        largest = max(pool, key=lambda c: c.share)
-        if any(r.name == largest.name for r in self._kept):
+        # Rank 0's: shares (and a trial's timings) differ by rank, the region must not.
+        name = self.agree(max(pool, key=lambda c: c.share).name if pool else None)
+        largest = next((c for c in self._all_candidates if c.name == name), None)
+        if largest is None or any(r.name == largest.name for r in self._kept):
             return None
         candidate = dataclasses.replace(largest, mode="reduce-overhead")
         unpaid = self._unpaid(candidate, current_ms)
