@@ -125,15 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--planned-steps", type=int, default=20000)
     parser.add_argument("--layers", type=int, default=12)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("a CUDA device is needed: the probes time a GPU step.")
     shapes = []
     for item in args.shapes.split(","):
         try:
             batch, seq = (int(part) for part in item.lower().split("x"))
         except ValueError:
             parser.error(f"--shapes: {item!r} is not BATCHxSEQ (e.g. 4x256).")
+        if batch < 1 or seq < 1:
+            parser.error(f"--shapes: {item!r} needs a batch and a sequence of at least 1.")
         shapes.append((batch, seq))
+    if not torch.cuda.is_available():
+        parser.error("a CUDA device is needed: the probes time a GPU step.")
     for batch, seq in shapes:
         with tempfile.TemporaryDirectory() as out:
             try:
