@@ -345,8 +345,9 @@ class AutoPlanner(_CompilesRegions):
     timed; keep it when the current plan's median over its median is at least ``min_speedup`` and
     beyond the noise, else revert. The whole model is tried first (one graph is usually best); if it is
     not kept, repeated block groups and hot submodules follow, each on top of what was kept. When the
-    step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried on the kept plan last, or, where
-    the largest region tried was not kept, on that region (:meth:`_graphs_of_the_largest_tried`).
+    step is launch-bound on CUDA, ``reduce-overhead`` (CUDA graphs) is tried last: on the largest region tried
+    where it was not kept (:meth:`_graphs_of_the_largest_tried`), and on the kept plan where that did not keep
+    graphs.
 
     Args:
         root: the LightningModule.
@@ -547,12 +548,14 @@ class AutoPlanner(_CompilesRegions):
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
             if kept_ms is not None:
                 current_ms = kept_ms
-        graphs = self._graphs_of_the_largest_tried(current_ms) if trials < self.max_trials else None
+        tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)  # the whole model's, tried first
+        graphs = self._graphs_of_the_largest_tried(current_ms, trials)
         if graphs is not None:
             trials += 1
             kept_ms = yield from self._trial(graphs, current_ms, label=f"trial:{len(plan)}")
             if kept_ms is not None:
                 current_ms = kept_ms
+                tried_graphs = True  # where they were not kept, the kept plan's own graph trial may still follow
         # A kept region's guard reverts it on its own rank when its compiled code fails; before the
         # ranks go on together, a region lost on one rank is given up on all of them.
         if self._kept and not self.agree_all(all(r in self.regions for r in self._kept)):
@@ -562,7 +565,6 @@ class AutoPlanner(_CompilesRegions):
             self.regions.clear()
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
-        tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
             unpaid = self._graphs_unpaid(current_ms, remaining)
@@ -1129,17 +1131,21 @@ class AutoPlanner(_CompilesRegions):
             return True, None
         return background_pays(self._costs().seconds(units), left_s=self.remaining_batches() * (self.eager_ms or 0.0) / 1e3)
 
-    def _graphs_of_the_largest_tried(self, current_ms: float | None) -> Candidate | None:
+    def _graphs_of_the_largest_tried(self, current_ms: float | None, trials: int) -> Candidate | None:
         """On a launch-bound step where no CUDA graphs were tried (no whole-model candidate, or it could not repay)
         and the region of the largest share tried in default mode was not kept: that region with
-        ``reduce-overhead``, on top of what was kept, where the batches left repay it; else None (and a note where
-        it cannot repay). Where it was kept, the kept plan's own CUDA-graph trial follows instead.
+        ``reduce-overhead``, on top of what was kept, where it did not recompile, ``max_trials`` leaves room and the
+        batches left repay it; else None (with a note where it was not tried for one of those). Where it was kept,
+        the kept plan's own CUDA-graph trial follows instead.
 
         Fusing alone may not pay where the host sets the pace: the graphs take the region's launches off the host.
         On the H200 (session 27), the recipe's GPT-2 with its blocks called from ``training_step`` at batch 1 x 64
-        (a host-bound ~15 ms step): its blocks 1.12x in default mode, not kept, and nothing else tried."""
+        (a host-bound ~15 ms step): its blocks 1.00-1.12x in default mode, not kept, and the run stayed eager;
+        with graphs 2.12x, kept."""
         if not self._graphs_first() or any(d.mode == "reduce-overhead" for d in self.decisions):
             return None
+        if any(r.name == MODEL for r in self._kept):
+            return None  # the whole model is compiled: its parts are not tried (as in the search)
         tried = {d.region for d in self.decisions if d.mode == "default" and d.step_ms is not None}
         pool = [c for c in self._all_candidates if c.name in tried and c.name != MODEL]
         # Rank 0's: shares (and a trial's timings) differ by rank, the region must not.
@@ -1148,11 +1154,18 @@ class AutoPlanner(_CompilesRegions):
         if largest is None or any(r.name == largest.name for r in self._kept):
             return None
         candidate = dataclasses.replace(largest, mode="reduce-overhead")
-        unpaid = self._unpaid(candidate, current_ms)
-        if unpaid is None:
-            return candidate
-        self.notes.append(f"reduce-overhead (CUDA graphs) of `{candidate.name}` after its default mode was not kept "
-                          f"not tried: {unpaid.removeprefix('skipped: ')}")
+        stats = self.watch.stats.get(largest.name)
+        if self.agree(stats is not None and stats.recompiles > self.shape_budget):  # rank 0's, as in _mode_trial
+            why = "it recompiled in default mode (shapes change: graphs would re-record for each)"
+        elif trials >= self.max_trials:
+            why = f"max_trials={self.max_trials} reached"
+        else:
+            why = self._unpaid(candidate, current_ms)
+            if why is None:
+                return candidate
+            why = why.removeprefix("skipped: ")
+        self.notes.append(f"reduce-overhead (CUDA graphs) of `{largest.name}`, whose default mode was not kept, "
+                          f"not tried: {why}")
         return None
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
@@ -1165,7 +1178,8 @@ class AutoPlanner(_CompilesRegions):
         return False
 
     def _unpaid(self, candidate: Candidate, current_ms: float | None) -> str | None:
-        """Why the batches left cannot repay ``candidate``'s compile (rank 0's judgement), or None."""
+        """Why the batches left cannot repay ``candidate``'s compile, or None (whether it repays is rank 0's
+        judgement; the reason is this rank's own figures)."""
         remaining = self._batches_left(candidate)
         costs = self._costs()
         reason = None

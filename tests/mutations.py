@@ -39,6 +39,34 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        name="CUDA graphs for the largest region tried even where it was kept",
+        path="compile_callback/planner.py",
+        old="        if largest is None or any(r.name == largest.name for r in self._kept):\n",
+        new="        if largest is None:\n",
+        tests=("tests/test_mode_trial.py::test_no_graphs_of_the_largest_region_where_it_was_kept_or_graphs_were_tried_or_the_step_keeps_ahead",),
+    ),
+    Mutation(
+        name="CUDA graphs for the smallest region tried, not the largest",
+        path="compile_callback/planner.py",
+        old="        name = self.agree(max(pool, key=lambda c: c.share).name if pool else None)\n",
+        new="        name = self.agree(min(pool, key=lambda c: c.share).name if pool else None)\n",
+        tests=("tests/test_mode_trial.py::test_the_largest_region_tried_and_not_kept_gets_cuda_graphs_on_top_of_what_was_kept",),
+    ),
+    Mutation(
+        name="CUDA graphs for the largest region tried though it recompiled",
+        path="compile_callback/planner.py",
+        old="        if self.agree(stats is not None and stats.recompiles > self.shape_budget):  # rank 0's, as in _mode_trial\n",
+        new="        if self.agree(False):\n",
+        tests=("tests/test_mode_trial.py::test_where_the_largest_regions_graphs_are_not_tried_a_note_says_why",),
+    ),
+    Mutation(
+        name="a region whose default trial was never measured counts as tried",
+        path="compile_callback/planner.py",
+        old="        tried = {d.region for d in self.decisions if d.mode == \"default\" and d.step_ms is not None}\n",
+        new="        tried = {d.region for d in self.decisions if d.mode == \"default\"}\n",
+        tests=("tests/test_mode_trial.py::test_no_graphs_of_the_largest_region_where_it_was_kept_or_graphs_were_tried_or_the_step_keeps_ahead",),
+    ),
+    Mutation(
         name="unused-standby-left-running",
         path="compile_callback/run.py",
         old="            self._close_launcher()  # the search is over: a standby never told to go ends\n",

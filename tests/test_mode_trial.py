@@ -201,3 +201,78 @@ def test_control_windows_stop_at_three_and_the_quickest_prices_the_trial():
     decision = planner.decisions[-1]
     assert decision.speedup == pytest.approx(statistics.median(DISTURBED_WINDOW))
     assert "(the quickest of 3 windows: the host disturbed the first)" in decision.reason
+
+
+# -- CUDA graphs for the largest region tried, where its default mode was not kept -------------------------
+# (AutoPlanner._graphs_of_the_largest_tried: which region, and when not; the trial itself is _trial's, run on the
+# GPU by tests/test_cuda.py.)
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.head = nn.Linear(8, 4)
+
+
+def largest_tried(*, kept: tuple[str, ...] = (), tried: dict[str, float] | None = None, launch_bound=True,
+                  recompiles: int = 0, trials: int = 0, remaining: int = 10**6, decisions: list | None = None):
+    """A planner after its search: ``tried`` maps each region tried in default mode (measured) to its share;
+    ``kept`` those of them kept. Returns the candidate chosen (or None) and the planner's notes."""
+    from compile_callback.planner import Candidate
+    from compile_callback.report import Decision
+
+    model = Blocks()
+    tried = {"blocks.*": 0.6, "head": 0.1} if tried is None else tried
+    regions = {region.name: region for region in resolve_regions(model, list(tried))}
+    planner = AutoPlanner(
+        model, CompileOptions(backend="inductor"), timer=SimpleNamespace(), watch=CompileWatch({}, {}),
+        device=torch.device("cuda"), warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=2,
+        min_speedup=1.05, max_trials=3, verify=True, tolerance=None, agree=lambda v: v,
+        remaining_batches=lambda: remaining, context=lambda: torch.autocast("cpu", enabled=False),
+    )
+    planner.launch_bound = launch_bound
+    planner._all_candidates = [Candidate(region, forward_ms=share, share=share, units=2) for name, share in tried.items()
+                               for region in [regions[name]]]
+    for name in kept:
+        planner._kept.append(regions[name])
+    planner.decisions = decisions if decisions is not None else [
+        Decision(region=name, modules=[], mode="default", kept=name in kept, reason="", step=10, step_ms=2.0)
+        for name in tried
+    ]
+    planner.watch.stats["blocks.*"].recompiles = recompiles
+    return planner._graphs_of_the_largest_tried(current_ms=2.0, trials=trials), planner.notes
+
+
+def test_the_largest_region_tried_and_not_kept_gets_cuda_graphs_on_top_of_what_was_kept():
+    for kept in ((), ("head",)):
+        chosen, notes = largest_tried(kept=kept)
+        assert chosen is not None and chosen.name == "blocks.*" and chosen.mode == "reduce-overhead", (kept, notes)
+        assert notes == []
+
+
+def test_no_graphs_of_the_largest_region_where_it_was_kept_or_graphs_were_tried_or_the_step_keeps_ahead():
+    from compile_callback.report import Decision
+
+    assert largest_tried(kept=("blocks.*",)) == (None, [])  # the kept plan's own graph trial follows instead
+    assert largest_tried(launch_bound=False) == (None, [])
+    tried_graphs = [Decision(region="model", modules=[""], mode="reduce-overhead", kept=False, reason="", step=5, step_ms=3.0),
+                    Decision(region="blocks.*", modules=[], mode="default", kept=False, reason="", step=9, step_ms=2.0)]
+    assert largest_tried(decisions=tried_graphs) == (None, [])
+    # A trial that was never measured (failed verification, skipped) is not "tried": the next largest is.
+    unmeasured = [Decision(region="blocks.*", modules=[], mode="default", kept=False, reason="", step=9),
+                  Decision(region="head", modules=[], mode="default", kept=False, reason="", step=9, step_ms=2.0)]
+    chosen, _ = largest_tried(decisions=unmeasured)
+    assert chosen is not None and chosen.name == "head"
+
+
+@pytest.mark.parametrize("setting, says", [
+    (dict(recompiles=5), "it recompiled in default mode"),
+    (dict(trials=3), "max_trials=3 reached"),
+    (dict(remaining=0), "the run ends before a trial could finish"),
+])
+def test_where_the_largest_regions_graphs_are_not_tried_a_note_says_why(setting, says):
+    chosen, notes = largest_tried(**setting)
+    assert chosen is None and len(notes) == 1, notes
+    assert notes[0].startswith("reduce-overhead (CUDA graphs) of `blocks.*`, whose default mode was not kept, not tried: ")
+    assert says in notes[0], notes
