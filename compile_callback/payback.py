@@ -272,17 +272,21 @@ class GraphPrice:
     def cost_s(self) -> float:
         return self.compile_s + self.check_s  # as CompileCosts.trial_seconds
 
+    @property
+    def issue_share(self) -> float | None:
+        """The host's reading as a share of the step (None: not measured)."""
+        return None if self.issue_ms is None else self.issue_ms / self.step_ms
+
     def as_report(self) -> dict[str, Any]:
         """The report's form: every field, the cost and the host's reading as a share of the step."""
-        share = None if self.issue_ms is None else self.issue_ms / self.step_ms
-        return {**dataclasses.asdict(self), "cost_s": self.cost_s, "issue_share_of_step": share}
+        return {**dataclasses.asdict(self), "cost_s": self.cost_s, "issue_share_of_step": self.issue_share}
 
     def unpaid(self) -> str | None:
         """Why the trial cannot repay itself, or None where it may."""
         if self.saving_s >= self.cost_s:
             return None
         why = ""
-        ratio = None if self.issue_ms is None else self.issue_ms / self.step_ms
+        ratio = self.issue_share
         if ratio is not None and ratio < ISSUE_HOST_BOUND_SHARE:
             why = (f" (the host issues the kept plan's step in {self.issue_ms:.1f} ms, the device runs it in "
                    f"{self.step_ms:.1f} ms: ")

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
-from compile_callback.planner import CONTROL, AutoPlanner
+from compile_callback.planner import CONTROL, AutoPlanner, Candidate
 from compile_callback.profile import RegionProfiler
 from compile_callback.regions import CompileOptions, compile_region, resolve_regions
+from compile_callback.report import Decision
 from compile_callback.timing import StepTimer
 from compile_callback.watch import CompileWatch
 
@@ -219,9 +220,6 @@ def largest_tried(*, kept: tuple[str, ...] = (), tried: dict[str, float] | None 
                   recompiles: int = 0, trials: int = 0, remaining: int = 10**6, decisions: list | None = None):
     """A planner after its search: ``tried`` maps each region tried in default mode (measured) to its share;
     ``kept`` those of them kept. Returns the candidate chosen (or None) and the planner's notes."""
-    from compile_callback.planner import Candidate
-    from compile_callback.report import Decision
-
     model = Blocks()
     tried = {"blocks.*": 0.6, "head": 0.1} if tried is None else tried
     regions = {region.name: region for region in resolve_regions(model, list(tried))}
@@ -252,8 +250,6 @@ def test_the_largest_region_tried_and_not_kept_gets_cuda_graphs_on_top_of_what_w
 
 
 def test_no_graphs_of_the_largest_region_where_it_was_kept_or_graphs_were_tried_or_the_step_keeps_ahead():
-    from compile_callback.report import Decision
-
     assert largest_tried(kept=("blocks.*",)) == (None, [])  # the kept plan's own graph trial follows instead
     assert largest_tried(launch_bound=False) == (None, [])
     tried_graphs = [Decision(region="model", modules=[""], mode="reduce-overhead", kept=False, reason="", step=5, step_ms=3.0),

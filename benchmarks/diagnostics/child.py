@@ -117,16 +117,20 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(10):
         step()  # cuDNN's and the allocator's first-call work
     hook.remove()
+    def reference() -> tuple[list[float | None], float]:
+        """``--reference-steps`` eager steps: each one's time, and the wall time per step."""
+        wall = time.perf_counter()
+        times = [step() for _ in range(args.reference_steps)]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return times, (time.perf_counter() - wall) * 1e3 / args.reference_steps
+
     for kind, niceness in phases:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"{kind}-", dir=root)
         os.environ.pop("TRITON_CACHE_DIR", None)
         if niceness is not None:
             os.environ[background.NICENESS_VARIABLE] = str(niceness)
-        wall = time.perf_counter()
-        before = [step() for _ in range(args.reference_steps)] if kind == "beside" else []
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        before_wall_ms = (time.perf_counter() - wall) * 1e3 / args.reference_steps
+        before, before_wall_ms = reference() if kind == "beside" else ([], None)
         standby = None
         if kind == "standby":  # as the callback's first child: an interpreter started with the fit, idle since
             standby = background.Standby()
@@ -145,14 +149,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize()
         waited = time.monotonic() - started
         ok, detail = child.outcome()
-        after_wall_ms = None
-        if kind == "beside":  # the same reference after the child: a host that moved shows as before != after
-            wall = time.perf_counter()
-            for _ in range(args.reference_steps):
-                step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            after_wall_ms = (time.perf_counter() - wall) * 1e3 / args.reference_steps
+        # The same reference after the child: a host that moved shows as before != after.
+        after_wall_ms = reference()[1] if kind == "beside" else None
         steps = len(during)
         before, during = [t for t in before if t is not None], [t for t in during if t is not None]
         print(json.dumps({
@@ -165,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             "eager_before_mean_ms": statistics.fmean(before) if before else None,
             "eager_during_mean_ms": statistics.fmean(during) if during else None,
             # Wall time per step (host gaps included; the only figure with --async-steps).
-            "before_wall_ms_per_step": before_wall_ms if kind == "beside" else None,
+            "before_wall_ms_per_step": before_wall_ms,
             "during_wall_ms_per_step": waited * 1e3 / steps if steps else None,
             "after_wall_ms_per_step": after_wall_ms,
         }), flush=True)

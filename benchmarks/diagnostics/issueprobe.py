@@ -27,12 +27,13 @@ import tempfile
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
-from benchmarks.workloads import BatchPool
+from benchmarks.workloads import pool_loader
 from compile_callback import CompileCallback
 from recipes.config import GPTModelConfig, OptimConfig
 from recipes.gpt import IGNORE_INDEX, GPTModule
+
+TRIAL_STEPS = 15  # the callback's trial_steps here, and the window of this script's own times read per decision
 
 
 class BlocksOnlyGPT(GPTModule):
@@ -50,8 +51,8 @@ class BlocksOnlyGPT(GPTModule):
 
 
 class StepTimer(L.Callback):
-    """Every training batch's time by CUDA events (start of the batch to its end, the optimizer step in it),
-    with the callback's plan stage at the batch; ends the fit once the plan is frozen."""
+    """Every training batch's time by CUDA events (start of the batch to its end, the optimizer step in it);
+    ends the fit once the callback's plan is frozen."""
 
     def __init__(self, callback: CompileCallback) -> None:
         self.callback = callback
@@ -73,12 +74,12 @@ class StepTimer(L.Callback):
 
 
 def window_ms(times: dict[int, float], decision: dict) -> float | None:
-    """The median of this script's own step times over a decision's trial window (its last ``trial_steps``
-    batches before the decision's step, the first 3 left out as the callback leaves its warm-up out)."""
+    """The median of this script's own step times over the :data:`TRIAL_STEPS` batches before a decision's
+    step (its trial's window; the trial's own settling steps may fall in it)."""
     end = decision.get("step")
     if end is None:
         return None
-    window = [times[i] for i in range(end - 15, end) if i in times]
+    window = [times[i] for i in range(end - TRIAL_STEPS, end) if i in times]
     return statistics.median(window) if window else None
 
 
@@ -92,8 +93,8 @@ def probe(batch: int, seq: int, *, planned: int, layers: int, out: str) -> dict:
     for _ in range(8):
         tokens = torch.randint(50304, (batch, seq + 1), generator=generator)
         batches.append({"input_ids": tokens[:, :-1].contiguous().cuda(), "labels": tokens[:, 1:].contiguous().cuda()})
-    loader = DataLoader(BatchPool(batches, planned), batch_size=None, shuffle=False, num_workers=0)
-    callback = CompileCallback(trial_steps=15)
+    loader = pool_loader(batches, planned)
+    callback = CompileCallback(trial_steps=TRIAL_STEPS)
     timer = StepTimer(callback)
     trainer = L.Trainer(accelerator="cuda", devices=1, precision="bf16-mixed", max_steps=planned, max_epochs=-1,
                         callbacks=[callback, timer], logger=False, enable_checkpointing=False,
