@@ -31,6 +31,7 @@ from benchmarks.measure import speedup as ratio
 from benchmarks.variants import VARIANTS
 from compile_callback import regions as callback_regions
 from compile_callback import reprice
+from compile_callback.timing import median_interval
 
 TELEMETRY_TOLERANCE = 0.05  # issue 20: the reported speedup within ±5% of the harness's A/B
 ANCHOR_MARGIN = 0.02  # issue 20: the callback at least as fast as the best anchor, minus 2%
@@ -69,9 +70,11 @@ def in_fit_speedup(record: dict[str, Any]) -> float | None:
 
 
 def in_fit_spread(record: dict[str, Any]) -> tuple[float, float] | None:
-    """The lowest and highest of the in-fit A/B's ABBA cycle speedups; None with fewer than two."""
+    """Where the in-fit A/B's ABBA cycle speedups put their median, at least 90% sure
+    (:func:`compile_callback.timing.median_interval`: their lowest and highest up to 7 cycles, the outer
+    ones dropped from 8 on); None with fewer than two."""
     cycles = (record.get("in_fit_ab") or {}).get("cycle_speedups") or []
-    return (min(cycles), max(cycles)) if len(cycles) >= 2 else None
+    return median_interval(cycles) if len(cycles) >= 2 else None
 
 
 def same_batches_speedup(record: dict[str, Any]) -> tuple[float, int, int] | None:
@@ -82,12 +85,13 @@ def same_batches_speedup(record: dict[str, Any]) -> tuple[float, int, int] | Non
     re-measured or the steps are missing."""
     figures = reported_figures(record)
     last, steps = figures.get("speedup_priced_at_batch"), record.get("step_ms_all") or []
-    length = 4 * reprice.CYCLES * reprice.BLOCK
+    cycles = figures.get("speedup_priced_cycles") or reprice.MIN_CYCLES  # rounds before 2026-12-04 ran two
+    length = 4 * cycles * reprice.BLOCK
     if figures.get("speedup_priced") != "re-measured" or not isinstance(last, int) or not length <= last + 1 <= len(steps):
         return None
     first = last + 1 - length
     eager, compiled = [], []
-    for block in range(4 * reprice.CYCLES):
+    for block in range(4 * cycles):
         start = first + block * reprice.BLOCK
         (eager if block % 4 in (0, 3) else compiled).extend(steps[start + 1:start + reprice.BLOCK])
     return ratio(statistics.median(eager), statistics.median(compiled)), first, last
@@ -110,7 +114,7 @@ def telemetry_error(
         ``reported``, ``priced`` (how the callback priced it), ``harness``, ``error`` (reported / harness - 1), ``baseline`` (the eager variant
         used), ``basis``, ``tolerance`` and ``passed`` (None where a number is missing); where the variant
         ran an in-fit A/B, the same against it: ``in_fit``, ``in_fit_error``, ``in_fit_passed`` (None
-        without one) and ``in_fit_cycles`` (its cycles' lowest and highest speedups); None for a variant
+        without one) and ``in_fit_cycles`` (:func:`in_fit_spread`); None for a variant
         without a callback.
     """
     if not is_callback_variant(record["variant"]) or record.get("status") != "ok":

@@ -573,19 +573,20 @@ def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
     inside the callback's own fit, which a drift puts on both sides alike) answers alone, saying so.
     An in-fit A/B whose own ABBA cycles read further apart than the tolerance measured a host that
     moved within it (session 16: ResNet-18 CIFAR's cycles 2.305x and 2.811x): it answers only where
-    every cycle and the A/B's pooled medians give the same verdict (session 26: reported 2.456x, cycles
-    2.398x and 2.536x, +2.4% and -3.2%, pooled 2.515x: met whichever stands), else nothing. Otherwise
-    both must pass where both exist."""
+    the whole interval of its cycles (:func:`benchmarks.checks.in_fit_spread`: where their median lies,
+    at least 90% sure; the lowest and highest up to 7 cycles) and the A/B's pooled medians give the
+    same verdict (session 26: reported 2.456x, cycles 2.398x and 2.536x, +2.4% and -3.2%, pooled 2.515x:
+    met whichever stands), else nothing. Otherwise both must pass where both exist."""
     passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")
     unsteady = (drift_verdict(drift) or wander_verdict(wander)) if passed is not None else None
     cycles = telemetry.get("in_fit_cycles")
     if in_fit is not None and cycles and cycles[1] > cycles[0] * (1 + checks.TELEMETRY_TOLERANCE):
         every = _every_cycle(telemetry.get("reported"), cycles)
         if every is None or every != in_fit:  # the ratio of pooled medians need not lie between the cycles
-            moved = f"in-fit A/B inconclusive (its cycles read {cycles[0]:.3f}-{cycles[1]:.3f}×)"
+            moved = f"in-fit A/B inconclusive (its cycles' interval {cycles[0]:.3f}-{cycles[1]:.3f}×)"
             return f"{unsteady or _verdict(passed)}; {moved}"
         if unsteady:
-            return (f"{_verdict(every)} by every cycle of the in-fit A/B ({cycles[0]:.3f}-{cycles[1]:.3f}×; "
+            return (f"{_verdict(every)} by the whole interval of the in-fit A/B's cycles ({cycles[0]:.3f}-{cycles[1]:.3f}×; "
                     f"between variants: {unsteady})")
         return _verdict(every if passed is None else passed and every)
     if in_fit is None:
@@ -596,9 +597,9 @@ def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
 
 
 def _every_cycle(reported: Any, cycles: Sequence[float]) -> bool | None:
-    """Whether the ``reported`` speedup is within the tolerance of every in-fit A/B cycle (True), outside it
-    on the same side of all of them (False), or either, by which cycle stands (None). ``cycles``: the lowest
-    and the highest cycle speedup; the error is monotonic in the cycle, so its ends decide."""
+    """Whether the ``reported`` speedup is within the tolerance of the whole interval of the in-fit A/B's
+    cycles (True), outside it on the same side of all of it (False), or either, by where in it the truth
+    lies (None). ``cycles``: the interval's ends; the error is monotonic in the speedup, so they decide."""
     if not isinstance(reported, (int, float)):
         return None
     errors = [reported / cycle - 1.0 for cycle in cycles]

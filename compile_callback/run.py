@@ -31,7 +31,7 @@ from compile_callback.plan_cache import PlanCacheError, load_plan, plan_key, pla
 from compile_callback.planner import COMPILED, EAGER, ISSUE, WARMUP, AutoPlanner, FixedPlanner, Planner
 from compile_callback.regions import backend_name, resolve_regions, revert_region, uses_cuda_graphs
 from compile_callback.report import build_suggestions, ddp_note
-from compile_callback.reprice import Repricer, Round
+from compile_callback.reprice import Repricer, Round, round_cycles
 from compile_callback import telemetry
 from compile_callback.timing import StepTimer, steady_speedup, summarize
 from compile_callback.verify import optimizer_state_tensors
@@ -603,10 +603,17 @@ class CompileRun:
                 if room is not None and room < need:
                     why = (f"eager steps beside the CUDA graphs' pool need ~{need / GB:.1f} GB, the device has "
                            f"{room / GB:.1f} GB free")
+            # As many cycles as the budget allows over what is left of the run, timed as the latest
+            # round (or the trials) found; rank 0's count, so every rank's rounds keep one schedule.
+            latest = self.repricer.latest()
+            eager_ms, compiled_ms = (latest.eager_ms, latest.compiled_ms) if latest else self._step_ms()
+            cycles = round_cycles(self.remaining_batches(), eager_ms, compiled_ms, budget=self.repricer.budget)
             if self.env.multi_process:
-                why = self.env.broadcast(why, 0)
+                why, cycles = self.env.broadcast((why, cycles), 0)
             if why is not None:
                 self.repricer.stop(f"compile/speedup not re-measured late in the run: {why}")
+                return None
+            if not self.repricer.size(self.batch_index, cycles):
                 return None
         return self.repricer.step(self.batch_index)
 
@@ -893,7 +900,7 @@ class CompileRun:
             # Two standard errors either side of a trial-priced speedup.
             telemetry.SPEEDUP_LOW: priced[0] * (1 - 2 * priced[1]) if priced else None,
             telemetry.SPEEDUP_HIGH: priced[0] * (1 + 2 * priced[1]) if priced else None,
-            **({telemetry.SPEEDUP_LOW: min(latest.cycles), telemetry.SPEEDUP_HIGH: max(latest.cycles)} if latest else {}),
+            **(dict(zip((telemetry.SPEEDUP_LOW, telemetry.SPEEDUP_HIGH), latest.interval())) if latest else {}),
             telemetry.COMPILE_TIME_S: totals["compile_time_s"],
             telemetry.STALL_S: sum(self._stall_parts.values()),
             telemetry.GRAPHS: totals["graphs"],
@@ -988,6 +995,7 @@ class CompileRun:
             if speedup is not None else None,
             # The batch a re-measured price was taken at (the round's last): how stale it is on a drifting host.
             "speedup_priced_at_batch": latest.batch if latest is not None and speedup is not None else None,
+            "speedup_priced_cycles": len(latest.cycles) if latest is not None and speedup is not None else None,
             "step_time_ms": metrics[telemetry.STEP_TIME_MS],
             "step_time_p90_ms": compiled.get("p90_ms"),
             "eager_step_time_ms": metrics[telemetry.EAGER_STEP_TIME_MS],

@@ -211,13 +211,26 @@ def steady_speedup(
     return ((eager_ms / compiled_ms) if eager_ms and compiled_ms else None), "medians"
 
 
+def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, float]:
+    """An interval that holds the median of what ``values`` sample with at least ``coverage``: the k-th
+    lowest and k-th highest value, k the largest with 2 P(Binomial(n, 1/2) < k) <= 1 - coverage; the
+    lowest and highest where no k does (fewer than 8 values at 0.9: two values cover 50%, four 87.5%).
+    More values give a narrower interval, where the range only widens."""
+    if not values:
+        raise ValueError("median_interval needs at least one value.")
+    ordered, n = sorted(values), len(values)
+    k = 1  # [k-th lowest, k-th highest] misses the median with chance 2 P(Binomial(n, 1/2) <= k - 1)
+    while k + 1 <= (n + 1) // 2 and 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= 1 - coverage:
+        k += 1
+    return ordered[k - 1], ordered[n - k]
+
+
 def median_noise(samples: list[float]) -> float:
     """Relative standard error of a median: 1.2533 * sigma / sqrt(n), sigma from the MAD (robust)."""
     stats = summarize(samples)
     if not stats:
         return 0.0
     return 1.2533 * stats["relative_noise"] / math.sqrt(stats["n"])
-
 
 
 def time_mark(use_events: bool) -> Any:

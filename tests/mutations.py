@@ -850,6 +850,50 @@ MUTATIONS = [
         new="        short = None\n",
         tests=("tests/benchmarks/test_smoke.py::test_a_plan_cut_short_by_the_runs_length_answers_no_steady_speed_target",),
     ),
+    Mutation(
+        name="a re-pricing round's cycles not capped at MAX_CYCLES",
+        path="compile_callback/reprice.py",
+        old="    return max(MIN_CYCLES, min(MAX_CYCLES, int(budget * max(0, remaining) * compiled_ms // excess_ms)))\n",
+        new="    return max(MIN_CYCLES, int(budget * max(0, remaining) * compiled_ms // excess_ms))\n",
+        tests=("tests/test_reprice.py::test_a_round_runs_as_many_cycles_as_its_budget_allows_over_what_is_left_of_the_run",),
+    ),
+    Mutation(
+        name="a re-pricing round's cycles priced by eager's whole step, not its excess over the plan",
+        path="compile_callback/reprice.py",
+        old="    excess_ms = 2 * BLOCK * max(0.0, eager_ms - compiled_ms)\n",
+        new="    excess_ms = 2 * BLOCK * eager_ms\n",
+        tests=("tests/test_reprice.py::test_a_round_runs_as_many_cycles_as_its_budget_allows_over_what_is_left_of_the_run",),
+    ),
+    Mutation(
+        name="a round of fewer cycles than the price it would replace runs anyway",
+        path="compile_callback/reprice.py",
+        old="        if latest is not None and cycles < len(latest.cycles):\n",
+        new="        if False:\n",
+        tests=("tests/test_reprice.py::test_a_round_of_fewer_cycles_than_the_price_it_would_replace_is_put_off",
+               "tests/test_reprice.py::test_the_run_sizes_each_round_by_what_is_left_of_it"),
+    ),
+    Mutation(
+        name="the run sizes no round: every round two cycles",
+        path="compile_callback/run.py",
+        old="            if not self.repricer.size(self.batch_index, cycles):\n                return None\n",
+        new="",
+        tests=("tests/test_reprice.py::test_the_run_sizes_each_round_by_what_is_left_of_it",),
+    ),
+    Mutation(
+        name="a round's low and high from its cycles' range whatever their number",
+        path="compile_callback/timing.py",
+        old="    while k + 1 <= (n + 1) // 2 and 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n <= 1 - coverage:\n",
+        new="    while False:\n",
+        tests=("tests/test_timing.py::test_the_interval_of_a_median_narrows_as_values_grow_where_their_range_widens",
+               "tests/benchmarks/test_checks.py::test_an_in_fit_ab_of_eight_cycles_answers_by_where_their_median_lies_not_by_its_outliers"),
+    ),
+    Mutation(
+        name="the same-batches figure over two cycles whatever the round ran",
+        path="benchmarks/checks.py",
+        old='    cycles = figures.get("speedup_priced_cycles") or reprice.MIN_CYCLES  # rounds before 2026-12-04 ran two\n',
+        new="    cycles = reprice.MIN_CYCLES\n",
+        tests=("tests/benchmarks/test_checks.py::test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round",),
+    ),
 ]
 
 

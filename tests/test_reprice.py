@@ -30,6 +30,50 @@ def test_a_round_runs_abba_blocks_and_waits_its_budget_before_the_next():
     assert not repricer.due(10**6) and repricer.skipped == "no room"
 
 
+def test_a_round_runs_as_many_cycles_as_its_budget_allows_over_what_is_left_of_the_run():
+    """Two eager blocks of 4 a cycle, each step eager_ms - compiled_ms over the plan, within 1% of the
+    compiled time left. ResNet-18 CIFAR on the H200 (eager 8, compiled 3 ms, 40 ms a cycle): 4,000 batches
+    left pay 3 cycles, 19,000 the most; GPT-2 (43 and 35 ms, 64 ms a cycle) 2,000 batches pay 10."""
+    assert reprice.round_cycles(4000, 8.0, 3.0) == 3  # 120 ms / 40 ms
+    assert reprice.round_cycles(19000, 8.0, 3.0) == reprice.MAX_CYCLES == 8
+    assert reprice.round_cycles(500, 8.0, 3.0) == reprice.MIN_CYCLES == 2  # 15 ms: the fewest still
+    assert reprice.round_cycles(2000, 43.0, 35.0) == 8  # 700 ms / 64 ms = 10, at most 8
+    assert reprice.round_cycles(1000, 43.0, 35.0, budget=0.02) == 8
+    assert reprice.round_cycles(1000, 43.0, 35.0) == 5
+    assert reprice.round_cycles(4000, None, 3.0) == reprice.round_cycles(4000, 8.0, None) == 2  # unknown: the fewest
+    assert reprice.round_cycles(4000, 3.0, 3.0) == 8  # eager costs nothing extra
+    assert reprice.round_cycles(-5, 8.0, 3.0) == 2  # past the planned end
+
+
+def test_a_round_of_more_cycles_is_longer_and_prices_each_cycle():
+    repricer = Repricer(first_after=0, budget=0.01)
+    repricer.plan_frozen(0)
+    repricer.cycles = 3
+    assert repricer.length == 48
+    steps = [repricer.step(b) for b in range(48)]
+    assert [e for e, _ in steps] == ([True] * 4 + [False] * 8 + [True] * 4) * 3 and repricer.round_over(47)
+    assert repricer.step(48) is None
+    # 18 eager and 18 compiled timed steps: 3 a block; the cycles 4x, 5x and 3x.
+    eager = [8.0] * 6 + [10.0] * 6 + [6.0] * 6
+    found = repricer.finish(47, eager, [2.0] * 18)
+    assert found.cycles == [4.0, 5.0, 3.0] and found.speedup == 4.0 and found.interval() == (3.0, 5.0)
+    assert repricer.finish(47, eager[:12], [2.0] * 12) is None  # two cycles' steps of a three-cycle round
+
+
+def test_a_round_of_fewer_cycles_than_the_price_it_would_replace_is_put_off():
+    repricer = Repricer(first_after=10, budget=0.01)
+    assert repricer.size(0, 4) and repricer.cycles == 4  # nothing priced yet: any round
+    repricer.plan_frozen(0)
+    repricer.next_at = 0
+    for batch in range(repricer.length):
+        repricer.step(batch)
+    repricer.finish(repricer.length - 1, [8.0] * 24, [2.0] * 24)
+    assert not repricer.size(5000, 2) and repricer.next_at == 5010 and repricer.cycles == 4
+    assert not repricer.due(5009) and repricer.due(5010)
+    assert repricer.size(5010, 4) and repricer.cycles == 4  # as many: the fresher price
+    assert repricer.size(5010, 8) and repricer.cycles == 8
+
+
 def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     monkeypatch.setattr(reprice, "FIRST_AFTER", 20)
     model = FasterCompiled()  # eager forwards sleep 100 ms, compiled ones do not
@@ -53,6 +97,35 @@ def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     # When: the round's last batch, of the fit's.
     assert summary["speedup_priced_at_batch"] == found.batch and found.batch < summary["batches"] == 60
     assert f"(eager re-measured beside the plan late in the run, at batch {found.batch} of 60)" in render_table(callback.last_report)
+
+
+def test_the_run_sizes_each_round_by_what_is_left_of_it(tmp_path, monkeypatch):
+    """The run asks :func:`reprice.round_cycles` when a round is due, with the batches left and the eager
+    and compiled step times it has, and the round runs that many cycles; the report says how many. A
+    round that would run fewer than the one pricing the run is put off (20 batches here)."""
+    asked, answers = [], iter([3, 2, 3])
+
+    def sized(remaining, eager_ms, compiled_ms, *, budget):
+        asked.append((remaining, eager_ms, compiled_ms, budget))
+        return next(answers)
+
+    monkeypatch.setattr(reprice, "FIRST_AFTER", 20)
+    monkeypatch.setattr(reprice, "BUDGET", 1e9)  # the next round 20 batches after the last
+    monkeypatch.setattr("compile_callback.run.round_cycles", sized)
+    model = FasterCompiled()
+    callback = CompileCallback("model", backend="eager", eager_baseline_steps=2, warmup_steps=1)
+    trainer = make_trainer(tmp_path, [callback], max_steps=170, max_epochs=100, limit_val_batches=0)
+    trainer.fit(model, loader(batch_size=8))
+    first, second = callback.run.repricer.rounds
+    (remaining, eager_ms, compiled_ms, budget), put_off, again = asked
+    assert remaining == 170 - (first.batch - 47) and budget == 1e9
+    assert eager_ms > 100 > 20 > compiled_ms  # the eager baseline's steps and the plan's
+    assert put_off[0] == remaining - 47 - 20 and again[0] == put_off[0] - 20  # 20 after the first, put off 20
+    assert (again[1], again[2]) == (first.eager_ms, first.compiled_ms)  # the latest round's times
+    assert len(first.cycles) == len(second.cycles) == 3 and second.batch == first.batch + 20 + 20 + 47
+    assert model.eager_forwards == 2 + 24 + 24 + 1
+    assert callback.last_report["summary"]["speedup_priced_cycles"] == 3
+    assert callback.run.metrics()["compile/speedup_low"] == min(second.cycles)
 
 
 def test_several_shapes_are_not_repriced(tmp_path, monkeypatch):

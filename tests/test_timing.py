@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from compile_callback.timing import StepTimer, disturbed, median_noise, paired_speedup
+from compile_callback.timing import StepTimer, disturbed, median_interval, median_noise, paired_speedup
 
 
 def test_windows_of_different_mixes_compare_like_with_like():
@@ -251,3 +251,17 @@ def test_steady_steps_take_the_quiet_path_and_a_compile_in_one_is_still_recorded
     recompiles = [(r.region, r.stage, r.step) for r in callback.run.watch.recompiles]
     assert recompiles == [("head", "train", 90)], recompiles
     assert callback.last_report["summary"]["recompiles"] == 1
+
+
+def test_the_interval_of_a_median_narrows_as_values_grow_where_their_range_widens():
+    """Order statistics around the median: [k-th lowest, k-th highest] misses it with chance
+    2 P(Binomial(n, 1/2) <= k - 1); k the largest keeping that at most 10%. Up to 7 values no k > 1 does
+    (7: 2 x 8/128 = 12.5%), so the range; 8 drop one each side (2 x 9/256 = 7%), 12 two (2 x 79/4096 = 3.9%)."""
+    assert median_interval([2.0]) == (2.0, 2.0)
+    assert median_interval([3.0, 1.0]) == (1.0, 3.0)
+    assert median_interval(list(range(1, 8))) == (1, 7)
+    assert median_interval(list(range(8, 0, -1))) == (2, 7)
+    assert median_interval(list(range(1, 13))) == (3, 10)
+    assert median_interval(list(range(1, 13)), coverage=0.8) == (4, 9)  # 2 x 299/4096 = 14.6% <= 20%
+    with pytest.raises(ValueError, match="at least one value"):
+        median_interval([])

@@ -763,3 +763,21 @@ def test_fresh_compile_caches_give_each_variant_an_empty_folder_and_restore_the_
     fresh = resolve_settings(parse_args(["--smoke", "--compile-caches", "fresh"]), "resnet18_cifar", device, str(tmp_path))
     assert fresh.fresh_caches_dir == os.path.join(str(tmp_path), "caches")
     assert resolve_settings(parse_args(["--smoke"]), "resnet18_cifar", device, str(tmp_path)).fresh_caches_dir is None
+
+
+def test_the_in_fit_ab_runs_eight_cycles_by_default_and_more_for_the_host_bound_resnet18_cifar(tmp_path):
+    """Eight ABBA cycles (32 blocks) by default: from eight the table bounds their median without the
+    outer ones; ResNet-18 CIFAR's few-ms host-bound steps need 32 cycles. Smoke runs 4 blocks, a memory cap
+    none, and --in-fit-ab wins."""
+    from benchmarks.__main__ import resolve_settings
+
+    device = torch.device("cpu")
+
+    def blocks(workload: str, *argv: str) -> int:
+        return resolve_settings(parse_args(list(argv)), workload, device, str(tmp_path)).in_fit_ab_blocks
+
+    assert blocks("gpt2") == 32 and blocks("timm_vit") == 32 and blocks("resnet18_cifar") == 128
+    assert blocks("resnet18_cifar", "--smoke") == 4 and blocks("resnet18_cifar", "--in-fit-ab", "8") == 8
+    assert blocks("gpt2", "--memory-cap-gb", "20") == 0
+    settings = resolve_settings(parse_args(["--total-steps", "300"]), "resnet18_cifar", device, str(tmp_path))
+    assert settings.planned_steps >= settings.longest_steps + 128 * settings.in_fit_ab_block_steps
