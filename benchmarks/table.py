@@ -573,8 +573,8 @@ def telemetry_verdict(telemetry: dict[str, Any], drift: float | None,
     inside the callback's own fit, which a drift puts on both sides alike) answers alone, saying so.
     An in-fit A/B whose own ABBA cycles read further apart than the tolerance measured a host that
     moved within it (session 16: ResNet-18 CIFAR's cycles 2.305x and 2.811x): it answers only where
-    the whole interval of its cycles (:func:`benchmarks.checks.in_fit_spread`: where their median lies,
-    at least 90% sure; the lowest and highest up to 7 cycles) and the A/B's pooled medians give the
+    the whole interval of its cycles (:func:`benchmarks.checks.in_fit_spread`: their lowest and highest
+    up to 7 cycles, from 8 without the outer ones) and the A/B's pooled medians give the
     same verdict (session 26: reported 2.456x, cycles 2.398x and 2.536x, +2.4% and -3.2%, pooled 2.515x:
     met whichever stands), else nothing. Otherwise both must pass where both exist."""
     passed, in_fit = telemetry.get("passed"), telemetry.get("in_fit_passed")

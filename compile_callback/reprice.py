@@ -7,10 +7,13 @@ compiled blocks taken in turn after batch 240 read 2.60x; timm ViT-B 1.36x again
 plan has frozen, at chosen batches, a round runs ABBA blocks (eager, compiled, compiled, eager; the
 first step of each block not timed): eager by ``torch.compiler.set_stance("force_eager")`` for the
 run's own modules and batches, no recompile. The round's ratio of medians becomes the speedup, and an
-interval of its cycles' ratios (:func:`~compile_callback.timing.median_interval`) the uncertainty.
+interval of its cycles' ratios (:func:`~compile_callback.timing.median_interval`) the uncertainty: where
+their median lies, at least 90% sure from 5 cycles; below that their range, which holds it 50% (2 cycles),
+75% (3) or 87.5% (4) of the time.
 
 A round runs as many cycles as its extra time keeps within :data:`BUDGET` of the compiled time the run has
-left (:func:`round_cycles`), from :data:`MIN_CYCLES` to :data:`MAX_CYCLES`. A host-bound step's eager time
+left (:func:`round_cycles`), from :data:`MIN_CYCLES` (which may cost more, as the first round always could)
+to :data:`MAX_CYCLES`, and no more than the batches left hold. A host-bound step's eager time
 moves between regimes tens of steps long (ResNet-18 CIFAR on the H200, 2026-12-04: eager blocks of one
 A/B at 7.1, 8.1, 9.2 and 11.2 ms, compiled ones 2.9-3.5 ms), so a round of two cycles catches two or three
 of them and its ratio lands where they fall; eight cycles average more of them, and the long runs that pay
@@ -71,13 +74,14 @@ class Round:
 def round_cycles(remaining: int, eager_ms: float | None, compiled_ms: float | None, *, budget: float = BUDGET) -> int:
     """How many ABBA cycles a round runs: as many as keep its extra time (two eager blocks a cycle, each
     ``eager_ms - compiled_ms`` a step over the plan) within ``budget`` of the compiled time of the
-    ``remaining`` batches, from :data:`MIN_CYCLES` to :data:`MAX_CYCLES`; the fewest where a time is unknown."""
+    ``remaining`` batches, from :data:`MIN_CYCLES` to :data:`MAX_CYCLES`; the fewest where a time is
+    unknown. Never more than the ``remaining`` batches hold (fewer than :data:`MIN_CYCLES`: no round fits)."""
+    fits = max(0, remaining) // (4 * BLOCK)
     if not (eager_ms and compiled_ms):
-        return MIN_CYCLES
+        return min(fits, MIN_CYCLES)
     excess_ms = 2 * BLOCK * max(0.0, eager_ms - compiled_ms)
-    if excess_ms == 0.0:
-        return MAX_CYCLES
-    return max(MIN_CYCLES, min(MAX_CYCLES, int(budget * max(0, remaining) * compiled_ms // excess_ms)))
+    paid = MAX_CYCLES if excess_ms == 0.0 else int(budget * max(0, remaining) * compiled_ms // excess_ms)
+    return min(fits, max(MIN_CYCLES, min(MAX_CYCLES, paid)))
 
 
 class Repricer:
@@ -118,10 +122,11 @@ class Repricer:
 
     def size(self, batch: int, cycles: int) -> bool:
         """Sets the due round's cycles (:func:`round_cycles`); False, and the round put off by
-        :attr:`first_after` batches, where they are fewer than the round that prices the run ran: a
-        noisier price would replace a steadier one (the budget affords fewer as the run's end nears)."""
+        :attr:`first_after` batches, where they are fewer than :data:`MIN_CYCLES` (the run ends first) or
+        than the round that prices the run ran: a noisier price would replace a steadier one (the budget
+        affords fewer as the run's end nears)."""
         latest = self.latest()
-        if latest is not None and cycles < len(latest.cycles):
+        if cycles < MIN_CYCLES or (latest is not None and cycles < len(latest.cycles)):
             self.next_at = batch + self.first_after
             return False
         self.cycles = cycles
@@ -163,7 +168,8 @@ class Repricer:
             side = slice(2 * cycle * per_block, 2 * (cycle + 1) * per_block)
             found.cycles.append(statistics.median(eager[side]) / statistics.median(compiled[side]))
         self.rounds.append(found)
-        excess_ms = max(0.0, sum(eager) - sum(compiled) * len(eager) / len(compiled))
+        # Each block's first step ran as its side ran, untimed: the timed excess, per timed step, for them too.
+        excess_ms = max(0.0, sum(eager) - sum(compiled) * len(eager) / len(compiled)) * BLOCK / per_block
         self.next_at = batch + max(self.first_after, math.ceil(excess_ms / (self.budget * found.compiled_ms)))
         return found
 
@@ -175,8 +181,15 @@ class Repricer:
     def latest(self) -> Round | None:
         return self.rounds[-1] if self.rounds else None
 
+    def plan_changed(self) -> None:
+        """The plan the rounds priced changed (a region reverted or recompiled): their price is not its,
+        and the next round, :attr:`first_after` batches on, may be of any size."""
+        self.rounds = []
+        self.next_at = None
+
     def state_dict(self) -> dict[str, Any]:
-        return {"rounds": [dataclasses.asdict(r) for r in self.rounds]}
+        return {"rounds": [dataclasses.asdict(r) for r in self.rounds], "next_at": self.next_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds = [Round(**r) for r in state.get("rounds", [])]
+        self.next_at = state.get("next_at")

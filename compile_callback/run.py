@@ -359,6 +359,7 @@ class CompileRun:
         self.planner.load_state_dict(state.get("planner", {}))
         self.batch_index = int(state.get("batch_index", 0))
         self._add_saved_eager(state.get("eager_by_shape", []))
+        self.repricer.load_state_dict(state.get("repricer", {}))
 
     def _load_cached_plan(self, module: nn.Module, device: torch.device) -> None:
         assert self.planner is not None and self.config.cache_dir is not None
@@ -836,11 +837,13 @@ class CompileRun:
         if policy == "eager":
             self.planner.revert(region, f"reverted to eager by on_recompile='eager': {action.cause} ({action.why})")
             self._record(action, "reverted to eager: recompile churn")
+            self.repricer.plan_changed()
         elif policy == "dynamic":
             options = region.compiled_with
             revert_region(region)
             self.planner.recompile(region, dataclasses.replace(options, dynamic=True))
             self._record(action, "recompiled once with dynamic=True against recompile churn")
+            self.repricer.plan_changed()
         else:
             self.env.warn(action.message())
         self.notes.append(action.message())
@@ -1117,6 +1120,8 @@ class CompileRun:
             "anatomy_reference": self.anatomy_ops.eager.as_dict() if self.anatomy_ops.eager else None,
             # The eager median of each batch shape, so that a resumed run prices its steps shape by shape too.
             "eager_by_shape": self._eager_medians_by_shape(),
+            # The re-pricing rounds: a resumed run is priced by them and schedules its next round after them.
+            "repricer": self.repricer.state_dict(),
         }
 
     @property

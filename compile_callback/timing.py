@@ -214,7 +214,8 @@ def steady_speedup(
 def median_interval(values: list[float], coverage: float = 0.9) -> tuple[float, float]:
     """An interval that holds the median of what ``values`` sample with at least ``coverage``: the k-th
     lowest and k-th highest value, k the largest with 2 P(Binomial(n, 1/2) < k) <= 1 - coverage; the
-    lowest and highest where no k does (fewer than 8 values at 0.9: two values cover 50%, four 87.5%).
+    lowest and highest where no k > 1 does (fewer than 8 values at 0.9), whatever they cover: two values
+    50%, three 75%, four 87.5%, five to seven 94-98%.
     More values give a narrower interval, where the range only widens."""
     if not values:
         raise ValueError("median_interval needs at least one value.")

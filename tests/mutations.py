@@ -853,8 +853,8 @@ MUTATIONS = [
     Mutation(
         name="a re-pricing round's cycles not capped at MAX_CYCLES",
         path="compile_callback/reprice.py",
-        old="    return max(MIN_CYCLES, min(MAX_CYCLES, int(budget * max(0, remaining) * compiled_ms // excess_ms)))\n",
-        new="    return max(MIN_CYCLES, int(budget * max(0, remaining) * compiled_ms // excess_ms))\n",
+        old="    return min(fits, max(MIN_CYCLES, min(MAX_CYCLES, paid)))\n",
+        new="    return min(fits, max(MIN_CYCLES, paid))\n",
         tests=("tests/test_reprice.py::test_a_round_runs_as_many_cycles_as_its_budget_allows_over_what_is_left_of_the_run",),
     ),
     Mutation(
@@ -867,10 +867,38 @@ MUTATIONS = [
     Mutation(
         name="a round of fewer cycles than the price it would replace runs anyway",
         path="compile_callback/reprice.py",
-        old="        if latest is not None and cycles < len(latest.cycles):\n",
-        new="        if False:\n",
+        old="        if cycles < MIN_CYCLES or (latest is not None and cycles < len(latest.cycles)):\n",
+        new="        if cycles < MIN_CYCLES:\n",
         tests=("tests/test_reprice.py::test_a_round_of_fewer_cycles_than_the_price_it_would_replace_is_put_off",
                "tests/test_reprice.py::test_the_run_sizes_each_round_by_what_is_left_of_it"),
+    ),
+    Mutation(
+        name="a resumed run's re-pricing rounds not saved in the checkpoint",
+        path="compile_callback/run.py",
+        old='            "repricer": self.repricer.state_dict(),\n',
+        new="",
+        tests=("tests/test_reprice.py::test_a_resumed_run_keeps_its_rounds_price_and_schedule",),
+    ),
+    Mutation(
+        name="a round of more cycles than the batches left",
+        path="compile_callback/reprice.py",
+        old="    return min(fits, max(MIN_CYCLES, min(MAX_CYCLES, paid)))\n",
+        new="    return max(MIN_CYCLES, min(MAX_CYCLES, paid))\n",
+        tests=("tests/test_reprice.py::test_a_round_runs_as_many_cycles_as_its_budget_allows_over_what_is_left_of_the_run",),
+    ),
+    Mutation(
+        name="the rounds' spacing leaves out each eager block's untimed first step",
+        path="compile_callback/reprice.py",
+        old="        excess_ms = max(0.0, sum(eager) - sum(compiled) * len(eager) / len(compiled)) * BLOCK / per_block\n",
+        new="        excess_ms = max(0.0, sum(eager) - sum(compiled) * len(eager) / len(compiled))\n",
+        tests=("tests/test_reprice.py::test_a_round_runs_abba_blocks_and_waits_its_budget_before_the_next",),
+    ),
+    Mutation(
+        name="rounds that priced a plan the churn policy reverted still price it",
+        path="compile_callback/run.py",
+        old='            self._record(action, "reverted to eager: recompile churn")\n            self.repricer.plan_changed()\n',
+        new='            self._record(action, "reverted to eager: recompile churn")\n',
+        tests=("tests/test_recompiles.py::test_eager_policy_reverts_the_churning_region",),
     ),
     Mutation(
         name="the run sizes no round: every round two cycles",

@@ -69,21 +69,34 @@ def test_raise_stops_with_region_guard_and_fix(tmp_path):
         trainer.fit(TokenModel(), varlen_loader([4, 8, 12, 16]))
 
 
-def test_eager_policy_reverts_the_churning_region(tmp_path):
+def _count_plan_changes(monkeypatch) -> list[int]:
+    """Counts the calls telling the re-pricing rounds that the plan they priced changed."""
+    from compile_callback.reprice import Repricer
+
+    calls, original = [], Repricer.plan_changed
+    monkeypatch.setattr(Repricer, "plan_changed", lambda self: (calls.append(1), original(self))[1])
+    return calls
+
+
+def test_eager_policy_reverts_the_churning_region(tmp_path, monkeypatch):
+    plan_changes = _count_plan_changes(monkeypatch)
     callback = blocks(on_recompile="eager", max_recompiles_per_epoch=1)
     model = TokenModel()
     trainer = make_trainer(tmp_path, [callback], max_epochs=2)
     trainer.fit(model, varlen_loader([4, 8, 12, 16, 20]))
+    assert plan_changes == [1]  # the rounds' price was the reverted plan's
     assert not any(torch_internals.is_module_compiled(b) for b in model.blocks)
     actions = callback.last_report["churn_actions"]
     assert [a["action"] for a in actions] == ["reverted to eager: recompile churn"]
     assert callback.last_report["summary"]["recompiles"] == 2  # none after the revert
 
 
-def test_dynamic_policy_recompiles_once_with_dynamic_shapes(tmp_path):
+def test_dynamic_policy_recompiles_once_with_dynamic_shapes(tmp_path, monkeypatch):
+    plan_changes = _count_plan_changes(monkeypatch)
     callback = blocks(on_recompile="dynamic", max_recompiles_per_epoch=1)
     trainer = make_trainer(tmp_path, [callback], max_epochs=2)
     trainer.fit(TokenModel(), varlen_loader([4, 8, 12, 16, 20, 24]))
+    assert plan_changes == [1]
     actions = callback.last_report["churn_actions"]
     assert [a["action"] for a in actions] == ["recompiled once with dynamic=True against recompile churn"]
     recompiles = callback.last_report["recompiles"]

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import checks, dynamo_counts, table
+from benchmarks import checks, dynamo_counts, runner, table
 from benchmarks.__main__ import apply_memory_cap, parse_args, run, select_variants
 from benchmarks.measure import InFitAB, StepMeter, percentile
 from benchmarks.runner import add_speedups
@@ -145,6 +145,8 @@ def _check_callback_record(workload, record, settings, records):
         assert ab["blocks"] == blocks and ab["steps_run"] == blocks * block_steps == len(ab["step_ms_all"])
         assert ab["speedup"] == pytest.approx(ab["eager_ms"] / ab["compiled_ms"])
         assert len(ab["cycle_speedups"]) == blocks // 4
+        notes = report["plan"]["notes"]  # no round inside the A/B: stopped for it, or before it for another reason
+        assert runner.AB_STOPS_ROUNDS in notes or any("not re-measured late in the run" in n for n in notes), notes
     else:
         assert ab is None
     decisions = report["decisions"]
