@@ -831,10 +831,7 @@ class AutoPlanner(_CompilesRegions):
 
     # Long on purpose: the CUDA-graph trial as a generator, each guard before the step it protects.
     def _mode_trial(self, current_ms: float | None) -> Iterator[str | None]:
-        # Shapes that keep changing re-record CUDA graphs; static padding buckets record once each.
-        recompiled = any(self.watch.stats[r.name].recompiles > self.shape_budget
-                         for r in self.regions if r.name in self.watch.stats)
-        if self.agree(recompiled):  # rank 0's: a rank that went on alone would wait in a collective
+        if self._recompiled([r.name for r in self.regions]):
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
         kept = list(self._kept)
@@ -1131,6 +1128,13 @@ class AutoPlanner(_CompilesRegions):
             return True, None
         return background_pays(self._costs().seconds(units), left_s=self.remaining_batches() * (self.eager_ms or 0.0) / 1e3)
 
+    def _recompiled(self, names: list[str]) -> bool:
+        """Whether any region of ``names`` recompiled beyond the static padding buckets' budget: shapes that
+        keep changing would re-record CUDA graphs (buckets record once each). Rank 0's answer: a rank that
+        went on alone would wait in a collective."""
+        stats = self.watch.stats
+        return bool(self.agree(any(stats[n].recompiles > self.shape_budget for n in names if n in stats)))
+
     def _graphs_of_the_largest_tried(self, current_ms: float | None, trials: int) -> Candidate | None:
         """On a launch-bound step where no CUDA graphs were tried (no whole-model candidate, or it could not repay)
         and the region of the largest share tried in default mode was not kept: that region with
@@ -1154,8 +1158,7 @@ class AutoPlanner(_CompilesRegions):
         if largest is None or any(r.name == largest.name for r in self._kept):
             return None
         candidate = dataclasses.replace(largest, mode="reduce-overhead")
-        stats = self.watch.stats.get(largest.name)
-        if self.agree(stats is not None and stats.recompiles > self.shape_budget):  # rank 0's, as in _mode_trial
+        if self._recompiled([largest.name]):
             why = "it recompiled in default mode (shapes change: graphs would re-record for each)"
         elif trials >= self.max_trials:
             why = f"max_trials={self.max_trials} reached"
