@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--trace-steps", type=int, default=0,
-        help="profile this many step cycles of each Lightning variant (CPU + CUDA) just before the measured "
+        help="profile this many step cycles of each variant, the plain loop's too (CPU + CUDA), just before the measured "
         "window and write <workload>-<variant>-trace.md: wall against GPU busy time, waits, top kernels.",
     )
     parser.add_argument(

@@ -25,7 +25,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from benchmarks import dynamo_counts
 from benchmarks.checks import add_checks
 from benchmarks.measure import InFitAB, StepEnd, StepMeter, StepStart, mfu, speedup
-from benchmarks.trace import StepTrace
+from benchmarks.trace import StepProfile, StepTrace
 from benchmarks.variants import (
     VARIANTS,
     Variant,
@@ -56,7 +56,7 @@ class RunSettings:
         peak_flops: the device's peak FLOP/s for MFU, None when unknown.
         seed: seeds the weights (already made) and each variant's RNG.
         trace_steps: step cycles traced under ``torch.profiler`` just before the measured window
-            (Lightning variants; :mod:`benchmarks.trace`), written to ``trace_dir``; 0: none.
+            (every variant, the plain loop too; :mod:`benchmarks.trace`), written to ``trace_dir``; 0: none.
         longest_steps: the most steps a callback variant may run so that its steady window holds only
             steps after its plan froze (fixed shapes; None: ``total_steps``, the window is only checked).
         in_fit_ab_blocks: blocks of the in-fit A/B a callback variant runs after its steady window
@@ -251,7 +251,7 @@ def _train_and_measure(
         if variant.lightning:
             _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
         else:
-            _plain_loop(module, loader, meter, workload, device)
+            _plain_loop(module, loader, meter, workload, device, trace=_step_profile(settings, variant, workload.name))
     finally:
         if in_fit_ab is not None:
             _set_eager_stance(False)  # a fit that failed inside the A/B leaves no stance to the next variant
@@ -354,10 +354,9 @@ def _lightning_fit(
     # The meter's start goes first and its end last, so the CompileCallback's hooks are inside the
     # timed step: its monitoring overhead is part of what is measured.
     callbacks = [StepStart(meter), *([callback] if callback is not None else []), StepEnd(meter)]
-    if settings.trace_steps:
-        first = settings.total_steps - settings.measured_steps - settings.trace_steps
-        path = os.path.join(settings.trace_dir, f"{workload_name}-{variant.name}-trace.md")
-        callbacks.insert(0, StepTrace(first, settings.trace_steps, path, title=f"{variant.name}: {variant.description}"))
+    profile = _step_profile(settings, variant, workload_name)
+    if profile is not None:
+        callbacks.insert(0, StepTrace(profile))
     trainer = Trainer(
         accelerator="auto",
         devices=1,
@@ -385,21 +384,39 @@ def _lightning_fit(
         )
 
 
-def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload: Workload, device: torch.device) -> None:
-    """The same training step with no Lightning: autocast, forward + loss, backward, optimizer step."""
+def _step_profile(settings: RunSettings, variant: Variant, workload_name: str) -> StepProfile | None:
+    """The ``--trace-steps`` profile of a variant: its cycles just before the measured window."""
+    if not settings.trace_steps:
+        return None
+    first = settings.total_steps - settings.measured_steps - settings.trace_steps
+    path = os.path.join(settings.trace_dir, f"{workload_name}-{variant.name}-trace.md")
+    return StepProfile(first, settings.trace_steps, path, title=f"{variant.name}: {variant.description}")
+
+
+def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload: Workload, device: torch.device,
+                *, trace: StepProfile | None = None) -> None:
+    """The same training step with no Lightning: autocast, forward + loss, backward, optimizer step.
+    ``trace`` profiles cycles from one batch's start to the next's, the batch's copy to the device
+    included, as :class:`~benchmarks.trace.StepTrace` does in a Lightning fit."""
     module.to(device)
     module.train()
     optimizer = workload.optimizer(module)
     meter.begin()
     done = False
-    while not done:
-        for batch in loader:
-            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-            meter.step_start()
-            loss = plain_step(workload, module, optimizer, batch)
-            done = meter.step_end(batch=batch, loss=loss)
-            if done:
-                break
+    try:
+        while not done:
+            for batch in loader:
+                if trace is not None:
+                    trace.batch_start(device)
+                batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+                meter.step_start()
+                loss = plain_step(workload, module, optimizer, batch)
+                done = meter.step_end(batch=batch, loss=loss)
+                if done:
+                    break
+    finally:
+        if trace is not None:
+            trace.close()
 
 
 def autocast_for(device: torch.device) -> contextlib.AbstractContextManager:

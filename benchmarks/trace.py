@@ -2,7 +2,7 @@
 
 ``python -m benchmarks ... --trace-steps N`` traces N whole step cycles (one batch start to the N-th
 next one, Lightning's work between steps included) just before the measured window, and writes
-``<workload>-<variant>-trace.md``: wall time against GPU busy time per step (the difference is time
+``<workload>-<variant>-trace.md`` (Lightning variants and the plain loop alike): wall time against GPU busy time per step (the difference is time
 the GPU waited for the host), the CUDA runtime calls that make the host wait, and the top kernels and
 host ops. The traced steps are not measured steps: profiling slows the host.
 """
@@ -84,11 +84,10 @@ def summarize_trace(events: list[Any], steps: int, wall_s: float, title: str) ->
     return "\n".join(lines) + "\n"
 
 
-class StepTrace(Callback):
-    """Profiles ``steps`` whole step cycles starting at batch ``first`` (0-based, counted here).
-
-    Goes first in the Trainer's callback list, so a cycle runs from one batch's first hook to the next
-    batch's first hook; writes the summary to ``path``.
+class StepProfile:
+    """Profiles ``steps`` whole step cycles starting at batch ``first`` (0-based, counted here) and writes
+    the summary to ``path``; :meth:`batch_start` is called at the start of every batch, by the plain loop
+    directly and by :class:`StepTrace` in a Lightning fit.
     """
 
     def __init__(self, first: int, steps: int, path: str, title: str) -> None:
@@ -97,20 +96,20 @@ class StepTrace(Callback):
         self._profiler: torch.profiler.profile | None = None
         self._started = 0.0
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        cuda = pl_module.device.type == "cuda"
+    def batch_start(self, device: torch.device) -> None:
+        cuda = device.type == "cuda"
         if self._batches == self.first and torch_internals.profiler_running():
             self.first += 1  # another profiler (a CompileCallback sample) still runs: start one batch later
         if self._batches == self.first:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             if cuda:
-                torch.cuda.synchronize(pl_module.device)
+                torch.cuda.synchronize(device)
             self._profiler = torch.profiler.profile(activities=activities)
             self._profiler.start()
             self._started = time.perf_counter()
         elif self._profiler is not None and self._batches == self.first + self.steps:
             if cuda:
-                torch.cuda.synchronize(pl_module.device)
+                torch.cuda.synchronize(device)
             wall_s = time.perf_counter() - self._started
             profiler, self._profiler = self._profiler, None
             profiler.stop()
@@ -119,7 +118,22 @@ class StepTrace(Callback):
                 handle.write(summarize_trace(list(profiler.events()), self.steps, wall_s, self.title))
         self._batches += 1
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._profiler is not None:  # the run ended inside the window: nothing is written
+    def close(self) -> None:
+        """Stops a profile the run ended inside: nothing is written."""
+        if self._profiler is not None:
             self._profiler.stop()
             self._profiler = None
+
+
+class StepTrace(Callback):
+    """:class:`StepProfile` in a Lightning fit. Goes first in the Trainer's callback list, so a cycle runs
+    from one batch's first hook to the next batch's first hook."""
+
+    def __init__(self, profile: StepProfile) -> None:
+        self.profile = profile
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.profile.batch_start(pl_module.device)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.profile.close()

@@ -516,7 +516,7 @@ def test_trace_summary_from_a_real_profile():
     assert "`aten::mm`" in text  # matmul's kernel, among the top host ops
 
 
-def test_trace_steps_write_one_summary_per_lightning_variant(tmp_path):
+def test_trace_steps_write_one_summary_per_variant_the_plain_loop_too(tmp_path):
     result = subprocess.run(
         # GPT's smoke steps are the quickest of the workloads (~15 ms on 2 cores, ResNet-18's ~200 ms).
         [sys.executable, "-m", "benchmarks", "--smoke", "--workload", "gpt2", "--variants", "bare_eager",
@@ -525,8 +525,11 @@ def test_trace_steps_write_one_summary_per_lightning_variant(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     traces = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*-trace.md")))
-    assert traces == ["gpt2-callback-trace.md", "gpt2-eager-trace.md", "gpt2-eager_end-trace.md"]  # not the plain loop
-    assert "2 step cycles" in (tmp_path / "gpt2-callback-trace.md").read_text()
+    assert traces == ["gpt2-bare_eager-trace.md", "gpt2-callback-trace.md", "gpt2-eager-trace.md",
+                      "gpt2-eager_end-trace.md"]
+    for name in traces:
+        text = (tmp_path / name).read_text()
+        assert "2 step cycles" in text and "`aten::mm`" in text, name  # the steps' matmuls were traced
 
 
 def test_an_experiment_off_the_protocol_answers_no_target():
