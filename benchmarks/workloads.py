@@ -58,7 +58,8 @@ VARIANTS = {
     "gpt2": (*WITH_CEILING, "callback_bg", "eager_pbar", "whole_pbar", "callback_pbar", *INDUCTOR_OPTION_VARIANTS,
              "eager_end"),
     "resnet50": (*WITH_CEILING, "callback_bg", "eager_end"),
-    "resnet18_cifar": (*FIXED_VARIANTS, "callback_bg", "callback_no_anatomy", "eager_end"),
+    # The ceiling is measured here (issue 23: the measured reason it stays under 3.4x), not held to.
+    "resnet18_cifar": (*WITH_CEILING, "callback_bg", "callback_no_anatomy", "eager_end"),
     # The no-padding compile runs before the callback variants: a host that slows down during the run
     # (BENCHMARKS.md's drift line) then handicaps the callback, not the baseline it must beat.
     "gpt2_varlen": (
@@ -84,7 +85,9 @@ SMOKE_VARIANTS = {
     # callback_bg's child outlives a smoke run (its plan never freezes there): its option is the callback's own,
     # tested in tests/test_background.py.
     "gpt2": tuple(name for name in VARIANTS["gpt2"] if name not in GPT2_BY_NAME),
-    "resnet18_cifar": tuple(name for name in VARIANTS["resnet18_cifar"] if name != "callback_bg"),
+    # gpt2's smoke run covers the plain-loop ceiling's code.
+    "resnet18_cifar": tuple(
+        name for name in VARIANTS["resnet18_cifar"] if name not in ("callback_bg", "bare_whole", "bare_whole_ro")),
     "resnet50": ("eager", "callback", "eager_end"),
     "hf_gpt2": ("eager", "callback", "eager_end"),
     "timm_vit": ("eager", "callback", "eager_end"),

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 29 GPU calls (session 28's script)
+# Session 29 GPU calls (session 28's script, plus the GPU's SM clock, power and clock-event reasons every 0.5 s in gpu.csv,
+# epoch seconds first: benchmark records carry started_at/ended_at in the same clock)
 # Session 28 GPU calls (session 27's script)
 # Session 27 GPU calls (session 26's script, plus @probe: benchmarks.diagnostics.issueprobe into issue.jsonl)
 # Session 26 GPU calls (session 25's script)
@@ -31,6 +32,11 @@ L=$OUT/log.txt; rm -rf /tmp/b; mkdir -p /tmp/err
   [ -z "$SKIPDIAG" ] && for i in 1 2; do env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc-diag /usr/bin/time -f "standby imports, bytecode written to and read from PYTHONPYCACHEPREFIX=/tmp/pyc-diag (as the product's children, a folder of their own): %e s wall %U user %S sys" python3 -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null; done; } >> $OUT/machine.txt 2>&1
 [ -n "$IMPORTTIME" ] && python3 -X importtime -m compile_callback.background --standby $$ benchmarks.workloads recipes.gpt < /dev/null 2> /tmp/err/importtime.txt; sort -t'|' -k2 -n -r /tmp/err/importtime.txt | head -60 > $OUT/importtime.txt
 python3 -m benchmarks.diagnostics.hostclock run --out $OUT/clock.jsonl --interval 0.5 & CLOCK=$!
+nvidia-smi --help-query-gpu | grep -i -E "reasons|clocks\.(sm|max)|power" > $OUT/smi-fields.txt 2>&1
+Q=timestamp,clocks.sm,clocks.max.sm,power.draw,enforced.power.limit,temperature.gpu,utilization.gpu,clocks_event_reasons.active
+nvidia-smi --query-gpu=$Q --format=csv,noheader,nounits > /dev/null 2>&1 || Q=timestamp,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,utilization.gpu
+echo "epoch,$Q" > $OUT/gpu.csv
+( while :; do echo "$(date +%s.%N),$(nvidia-smi --query-gpu=$Q --format=csv,noheader,nounits 2>&1)"; sleep 0.5; done >> $OUT/gpu.csv ) & GPUMON=$!
 n=0
 for spec in "$@"; do
   n=$((n + 1))
@@ -59,7 +65,7 @@ for spec in "$@"; do
   echo "$workload rc=${PIPESTATUS[0]} $(( $(date +%s) - t0 ))s" | tee -a $L
   [ -d /tmp/b ] && tar czf $OUT/res.tgz --exclude="*.ckpt" --exclude="*tfevents*" --exclude=caches -C /tmp/b . 2>/dev/null  # every run's results so far, kept as each ends
 done
-kill $CLOCK
+kill $CLOCK $GPUMON
 [ -d /tmp/b ] && tar czf $OUT/res.tgz --exclude="*.ckpt" --exclude="*tfevents*" --exclude=caches -C /tmp/b . 2>/dev/null
 python3 -m benchmarks.diagnostics.hostclock read $OUT/clock.jsonl /tmp/b/*/*.json 2>/dev/null | tee -a $L
 grep -h "median\|telemetry\|in-fit\|re-pric\|repric\|peak" /tmp/b/*/*.md 2>/dev/null | grep -v "^|" | head -40
