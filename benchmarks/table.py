@@ -475,10 +475,8 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
             value = callback.get("mfu") if callback else None
             add(f"MFU ≥ {GPT_MFU:.0%} (6N + attention, 989 TFLOP/s)", _percent(value),
                 None if value is None else value >= GPT_MFU, between_variants=False, steady_speed=True)
-            stall = checks.reported_figures(callback).get("stall_s") if callback else None
-            add(f"training loop waits for the compiler ≤ {GPT_STALL_S:.0f} s (cold)",
-                _number(stall, ".1f", " s") + " (the callback's `compile/stall_s`)",
-                None if stall is None else stall <= GPT_STALL_S, between_variants=False)
+            verdicts.append(_stall_verdict(workload, callback, invalid or not_steady,
+                                           (result.get("settings") or {}).get("compile_caches")))
         else:
             add(f"aim: ≥ {aim}×", _number(speedup, ".3f", "×"), None if speedup is None else speedup >= aim,
                 steady_speed=True)
@@ -640,6 +638,21 @@ def drift_verdict(
         return (f"{MET} if the speed-up only grew (it ran before what it matched; eager {drift - 1:.1%} faster "
                 "by the run's end)")
     return f"inconclusive (host drift {drift - 1:+.1%})"
+
+
+def _stall_verdict(workload: str, callback: dict[str, Any] | None, invalid: str | None, caches: str | None) -> Verdict:
+    """The SPEC's "the training loop waits for the compiler ≤ 5 s on a cold GPT-2 run": the callback's
+    ``compile/stall_s``. Cold is a machine with no compile caches, as ``--compile-caches fresh`` makes one
+    (torch's default has the caches on); with the harness's default (caches disabled) the callback cannot
+    hand a compile over from a background child and stalls for all of it, a route a user's run takes only
+    with caches off: not measured, as :func:`_wall_time_verdict`."""
+    target = f"training loop waits for the compiler ≤ {GPT_STALL_S:.0f} s (cold)"
+    stall = checks.reported_figures(callback).get("stall_s") if callback else None
+    measured = _number(stall, ".1f", " s") + " (the callback's `compile/stall_s`)"
+    if stall is not None and caches is not None and caches.startswith("disabled"):
+        return Verdict(workload, target, f"{stall:.1f} s with compile caches disabled (run with --compile-caches "
+                                         "fresh: torch's default has them on)", invalid or NOT_MEASURED)
+    return Verdict(workload, target, measured, invalid or _verdict(None if stall is None else stall <= GPT_STALL_S))
 
 
 def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invalid: str | None,
