@@ -34,6 +34,7 @@ from benchmarks.variants import (
     callback_options,
     compile_kwargs,
     make_callback,
+    optimizer_compile_kwargs,
     skip_reason,
 )
 from benchmarks.workloads import Workload
@@ -247,11 +248,14 @@ def _train_and_measure(
     batches = settings.epoch_steps or meter.longest_steps + (in_fit_ab.steps if in_fit_ab is not None else 0)
     loader = workload.train_loader(batches, pad_to_max=variant.pad_to_max)
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
+    if variant.optimizer_mode is not None:
+        compiled = f"{compiled}; optimizer.step compiled ({variant.optimizer_mode})"
     try:
         if variant.lightning:
             _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
         else:
-            _plain_loop(module, loader, meter, workload, device, trace=_step_profile(settings, variant, workload.name))
+            _plain_loop(module, loader, meter, workload, device, trace=_step_profile(settings, variant, workload.name),
+                        optimizer_compile=optimizer_compile_kwargs(variant, smoke=settings.smoke))
     finally:
         if in_fit_ab is not None:
             _set_eager_stance(False)  # a fit that failed inside the A/B leaves no stance to the next variant
@@ -394,13 +398,17 @@ def _step_profile(settings: RunSettings, variant: Variant, workload_name: str) -
 
 
 def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload: Workload, device: torch.device,
-                *, trace: StepProfile | None = None) -> None:
+                *, trace: StepProfile | None = None, optimizer_compile: dict[str, Any] | None = None) -> None:
     """The same training step with no Lightning: autocast, forward + loss, backward, optimizer step.
     ``trace`` profiles cycles from one batch's start to the next's, the batch's copy to the device
-    included, as :class:`~benchmarks.trace.StepTrace` does in a Lightning fit."""
+    included, as :class:`~benchmarks.trace.StepTrace` does in a Lightning fit. ``optimizer_compile``:
+    ``torch.compile``'s keyword arguments for the optimizer step, None: it stays eager."""
     module.to(device)
     module.train()
     optimizer = workload.optimizer(module)
+    if optimizer_compile is not None:
+        # The loop still calls ``optimizer.step()``: its state and parameters are the same objects.
+        optimizer.step = torch.compile(optimizer.step, **optimizer_compile)
     meter.begin()
     done = False
     try:
