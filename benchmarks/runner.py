@@ -407,7 +407,7 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     module.train()
     optimizer = workload.optimizer(module)
     if optimizer_compile is not None:
-        # The loop still calls ``optimizer.step()``: its state and parameters are the same objects.
+        optimizer = foreach_twin(optimizer)
         optimizer.step = torch.compile(optimizer.step, **optimizer_compile)
     meter.begin()
     done = False
@@ -425,6 +425,15 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     finally:
         if trace is not None:
             trace.close()
+
+
+def foreach_twin(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer over the same parameters and settings, with the ``foreach`` implementation in
+    place of a ``fused`` one: dynamo does not trace a fused optimizer's kernel (it is behind
+    ``torch.compiler.disable``: a compiled ``step`` would run it eagerly), while Inductor compiles the
+    foreach update into its own kernels (PyTorch's "compiling the optimizer" recipe)."""
+    groups = [{**group, "fused": False, "foreach": True} for group in optimizer.param_groups]
+    return type(optimizer)(groups)
 
 
 def autocast_for(device: torch.device) -> contextlib.AbstractContextManager:

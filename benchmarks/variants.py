@@ -35,8 +35,9 @@ class Variant:
         progress_bar_loss: the module logs its training loss with ``prog_bar=True``, which makes Lightning
             read it on the host after every batch (a host sync per step); for modules with the recipes'
             ``train_loss_in_progress_bar`` switch (the GPT workloads; the convnet workloads' module has none).
-        optimizer_mode: the plain loop's optimizer step compiled too (``torch.compile(optimizer.step)``),
-            ``"default"`` or a ``torch.compile`` mode; None: eager.
+        optimizer_mode: the plain loop's optimizer step compiled too (``torch.compile(optimizer.step)``,
+            on the ``foreach`` twin of a fused optimizer: ``runner.foreach_twin``), ``"default"`` or a
+            ``torch.compile`` mode; None: eager.
     """
 
     name: str
@@ -62,7 +63,8 @@ VARIANTS = {
             lightning=False, compile="whole", mode="reduce-overhead",
         ),
         # Past the ceiling (issue 23): a host-bound step's optimizer step compiled as well, its Python and
-        # launches into Inductor's code (default) or into a CUDA graph (reduce-overhead).
+        # launches into Inductor's code (default) or into a CUDA graph (reduce-overhead). Session 29's first
+        # run of these compiled nothing of the step: dynamo skips a fused optimizer's kernel.
         Variant(
             "bare_whole_ro_opt", "plain PyTorch loop, whole model with CUDA graphs, optimizer step compiled",
             lightning=False, compile="whole", mode="reduce-overhead", optimizer_mode="default",

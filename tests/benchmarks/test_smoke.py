@@ -786,3 +786,26 @@ def test_the_in_fit_ab_runs_eight_cycles_by_default_and_more_for_the_host_bound_
     assert blocks("gpt2", "--memory-cap-gb", "20") == 0
     settings = resolve_settings(parse_args(["--total-steps", "300"]), "resnet18_cifar", device, str(tmp_path))
     assert settings.planned_steps >= settings.longest_steps + 128 * settings.in_fit_ab_block_steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_compiled_optimizer_step_of_the_plain_loop_is_a_foreach_twin_and_compiles(smoke_run):
+    """bare_whole_ro_opt: a fused optimizer's kernel is behind torch.compiler.disable (session 29's first
+    H200 run compiled nothing of the step), so the loop compiles the foreach twin of the same settings."""
+    from benchmarks.runner import foreach_twin
+
+    net = torch.nn.Linear(4, 2)
+    fused = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.8, 0.9))
+    twin = foreach_twin(fused)
+    assert type(twin) is torch.optim.AdamW
+    assert [p for g in twin.param_groups for p in g["params"]] == list(net.parameters())
+    group = twin.param_groups[0]
+    assert (group["lr"], group["weight_decay"], group["betas"], group["foreach"], group["fused"]) == (
+        3e-3, 0.1, (0.8, 0.9), True, False)
+
+    _, results = smoke_run
+    record = next(r for r in results["resnet18_cifar"][1]["records"] if r["variant"] == "bare_whole_ro_opt")
+    assert record["status"] == "ok" and record["compiled"].endswith("optimizer.step compiled (default)")
+    assert record["graphs"] >= 2  # the model's graph and the optimizer step's
+    assert not any("disable" in r["reason"] for r in record["graph_break_reasons"]), record["graph_break_reasons"]
