@@ -406,6 +406,10 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     module.to(device)
     module.train()
     optimizer = workload.optimizer(module)
+    # Two CUDA-graph trees' functions a step (the model's, the optimizer's): each step starts a new
+    # generation, or the next forward finds its outputs overwritten (session 29, call 4: the variant
+    # failed so on the H200 without this; not yet run with it).
+    mark_step = optimizer_compile is not None and optimizer_compile.get("mode") == "reduce-overhead"
     if optimizer_compile is not None:
         optimizer = foreach_twin(optimizer)
         optimizer.step = torch.compile(optimizer.step, **optimizer_compile)
@@ -418,6 +422,8 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
                     trace.batch_start(device)
                 batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
                 meter.step_start()
+                if mark_step:
+                    torch.compiler.cudagraph_mark_step_begin()
                 loss = plain_step(workload, module, optimizer, batch)
                 done = meter.step_end(batch=batch, loss=loss)
                 if done:
