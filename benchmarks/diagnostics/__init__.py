@@ -3,7 +3,8 @@ harness (not among the results they produced). Each module's docstring says what
 to run it: ``phases`` (per-batch peak memory by planner phase, process state and host probes between
 variants, cProfile of a variant), ``revert`` (a reverted region's speed), ``ddp_check`` (DDP loss
 curves and parameter checksums per rank), ``aftereffect`` (eager windows between treatments),
-``hostclock`` (the host's speed beside a run), ``numerics`` (every tensor's error against eager and
+``hostclock`` (the host's speed beside a run), ``gpuclock`` (the GPU's SM clock, power and clock-event
+reasons beside a run, from ``call.sh``'s nvidia-smi samples), ``numerics`` (every tensor's error against eager and
 fp32), ``peakstack`` (what is alive at a variant's memory peak), ``hookcost`` (the callback's hooks
 timed on the host) and ``eagerarm`` (forced-eager steps of a compiled module against plain eager)."""
 
