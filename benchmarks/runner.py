@@ -405,14 +405,11 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     ``torch.compile``'s keyword arguments for the optimizer step, None: it stays eager."""
     module.to(device)
     module.train()
-    optimizer = workload.optimizer(module)
+    optimizer = plain_optimizer(workload.optimizer(module), optimizer_compile)
     # Two CUDA-graph trees' functions a step (the model's, the optimizer's): each step starts a new
     # generation, or the next forward finds its outputs overwritten (session 29, call 4: the variant
     # failed so on the H200 without this; not yet run with it).
     mark_step = optimizer_compile is not None and optimizer_compile.get("mode") == "reduce-overhead"
-    if optimizer_compile is not None:
-        optimizer = foreach_twin(optimizer)
-        optimizer.step = torch.compile(optimizer.step, **optimizer_compile)
     meter.begin()
     done = False
     try:
@@ -431,6 +428,16 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     finally:
         if trace is not None:
             trace.close()
+
+
+def plain_optimizer(optimizer: torch.optim.Optimizer, compile_kwargs: dict[str, Any] | None) -> torch.optim.Optimizer:
+    """The plain loop's optimizer: the workload's, or (``compile_kwargs``) its foreach twin with ``step``
+    compiled by ``torch.compile(**compile_kwargs)``; the loop still calls ``optimizer.step()``."""
+    if compile_kwargs is None:
+        return optimizer
+    optimizer = foreach_twin(optimizer)
+    optimizer.step = torch.compile(optimizer.step, **compile_kwargs)
+    return optimizer
 
 
 def foreach_twin(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

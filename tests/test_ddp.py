@@ -121,6 +121,23 @@ class FirstRepricingAfter(Callback):
         reprice.FIRST_AFTER = self.batches
 
 
+class MoreCyclesOnRankOne(Callback):
+    """Rank 1's own arithmetic asks a re-pricing round for one cycle more than rank 0's (as timings that
+    differ by rank would), in the rank's own process; rank 0's count must be every rank's, or their rounds'
+    collectives fall apart (the DDP timeout then fails the fit instead of hanging it)."""
+
+    def setup(self, trainer, pl_module, stage):
+        from compile_callback import run
+
+        self.original = original = run.round_cycles
+        run.round_cycles = lambda *args, **kwargs: original(*args, **kwargs) + trainer.global_rank
+
+    def teardown(self, trainer, pl_module, stage):
+        from compile_callback import run
+
+        run.round_cycles = self.original
+
+
 @pytest.mark.slow
 def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     """Every rank's counts are gathered into the report; DDPOptimizer's split of the graph at DDP's
@@ -129,14 +146,18 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
     step: Lightning's DDP calls training_step through the LightningModule's forward (a patched
     ``forward``); a compiled root runs that call eagerly and compiles only the model's own forward
     inside it: one graph, no graph break from ``self.log``, no recompile per step. And a re-pricing round
-    runs on both ranks at the same batches, under DDP's all-reduce, and rank 0's ratio is both ranks'."""
+    runs on both ranks at the same batches, under DDP's all-reduce, with rank 0's cycle count where rank 1's
+    own would differ, and rank 0's ratio is both ranks'."""
+    from datetime import timedelta
+
     from lightning.pytorch.strategies import DDPStrategy
 
     callback = CompileCallback("model", backend="aot_eager", report=True, eager_baseline_steps=2, warmup_steps=1)
-    strategy = DDPStrategy(start_method="spawn", bucket_cap_mb=1)
+    # A collective one rank never joins fails the fit after 300 s instead of hanging it for gloo's 30 minutes.
+    strategy = DDPStrategy(start_method="spawn", bucket_cap_mb=1, timeout=timedelta(seconds=300))
     trainer = make_trainer(
-        tmp_path, [FirstRepricingAfter(0), callback, RecordReport(str(tmp_path))], accelerator="cpu", devices=2,
-        strategy=strategy, max_epochs=3,
+        tmp_path, [FirstRepricingAfter(0), MoreCyclesOnRankOne(), callback, RecordReport(str(tmp_path))],
+        accelerator="cpu", devices=2, strategy=strategy, max_epochs=3,
     )
     torch.manual_seed(0)
     trainer.fit(TinyModel(width=512), loader(batch_size=4))
@@ -155,6 +176,7 @@ def test_report_counts_every_rank_and_explains_ddp_graph_splits(tmp_path):
         assert report["batches_seen"] == 3 * 96 // 2 // 4  # each rank: 3 epochs of its 48 samples
     # One round (32 batches from the plan's freeze at batch 3 of 36), the same on both ranks: rank 0's timings price both.
     assert [r["summary"]["speedup_priced"] for r in reports] == ["re-measured"] * 2, reports[0]["summary"]
+    assert [r["summary"]["speedup_priced_cycles"] for r in reports] == [2, 2]  # rank 0's two, not rank 1's three
     assert reports[0]["summary"]["speedup"] == reports[1]["summary"]["speedup"]
     ranks = reports[0]["ranks"]
     assert reports[1]["ranks"] == ranks and [r["rank"] for r in ranks] == [0, 1]
