@@ -1,10 +1,10 @@
 """Where a step's time goes: a few steady steps of a variant under ``torch.profiler`` (CPU and CUDA).
 
 ``python -m benchmarks ... --trace-steps N`` traces N whole step cycles (one batch start to the N-th
-next one, Lightning's work between steps included) just before the measured window, and writes
-``<workload>-<variant>-trace.md`` (Lightning variants and the plain loop alike): wall time against GPU busy time per step (the difference is time
-the GPU waited for the host), the CUDA runtime calls that make the host wait, and the top kernels and
-host ops. The traced steps are not measured steps: profiling slows the host.
+next one, Lightning's work between steps included) of every variant, the plain loop's too, just before
+the measured window, and writes ``<workload>-<variant>-trace.md``: wall time against GPU busy time per
+step (the difference is time the GPU waited for the host), the CUDA runtime calls that make the host
+wait, and the top kernels and host ops. The traced steps are not measured steps: profiling slows the host.
 """
 
 from __future__ import annotations
