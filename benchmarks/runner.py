@@ -409,7 +409,7 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     # Two CUDA-graph trees' functions a step (the model's, the optimizer's): each step starts a new
     # generation, or the next forward finds its outputs overwritten (session 29, call 4: the variant
     # failed so on the H200 without this; not yet run with it).
-    mark_step = optimizer_compile is not None and optimizer_compile.get("mode") == "reduce-overhead"
+    mark_step = optimizer_compile is not None and optimizer_compile.get("mode") in CUDA_GRAPH_MODES
     meter.begin()
     done = False
     try:
@@ -430,6 +430,9 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
             trace.close()
 
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that capture CUDA graphs
+
+
 def plain_optimizer(optimizer: torch.optim.Optimizer, compile_kwargs: dict[str, Any] | None) -> torch.optim.Optimizer:
     """The plain loop's optimizer: the workload's, or (``compile_kwargs``) its foreach twin with ``step``
     compiled by ``torch.compile(**compile_kwargs)``; the loop still calls ``optimizer.step()``."""
@@ -441,10 +444,11 @@ def plain_optimizer(optimizer: torch.optim.Optimizer, compile_kwargs: dict[str, 
 
 
 def foreach_twin(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The same optimizer over the same parameters and settings, with the ``foreach`` implementation in
-    place of a ``fused`` one: dynamo does not trace a fused optimizer's kernel (it is behind
-    ``torch.compiler.disable``: a compiled ``step`` would run it eagerly), while Inductor compiles the
-    foreach update into its own kernels (PyTorch's "compiling the optimizer" recipe)."""
+    """The same optimizer class over the same parameter groups (every key of each group kept), with the
+    ``foreach`` implementation in place of a ``fused`` one, built before any step: fresh state, the class's
+    own ``defaults``, no hooks or scheduler of the original's. Dynamo does not trace a fused optimizer's
+    kernel (it is behind ``torch.compiler.disable``: a compiled ``step`` would run it eagerly), while
+    Inductor compiles the foreach update into its own kernels (PyTorch's "compiling the optimizer" recipe)."""
     groups = [{**group, "fused": False, "foreach": True} for group in optimizer.param_groups]
     return type(optimizer)(groups)
 

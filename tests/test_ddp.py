@@ -122,9 +122,11 @@ class FirstRepricingAfter(Callback):
 
 
 class MoreCyclesOnRankOne(Callback):
-    """Rank 1's own arithmetic asks a re-pricing round for one cycle more than rank 0's (as timings that
-    differ by rank would), in the rank's own process; rank 0's count must be every rank's, or their rounds'
-    collectives fall apart (the DDP timeout then fails the fit instead of hanging it)."""
+    """Rank 1's own arithmetic asks a re-pricing round for one cycle more than rank 0's, in the rank's own
+    process: counts that differ by rank, as timings that differ by rank can give (this one more than the
+    batches left hold, which ``round_cycles`` itself would cap). Rank 0's count must be every rank's, or the
+    ranks' rounds end apart and a collective is left unjoined (the DDP timeout then fails the fit instead
+    of hanging it)."""
 
     def setup(self, trainer, pl_module, stage):
         from compile_callback import run

@@ -11,8 +11,9 @@ variant's span (records carry ``started_at``/``ended_at`` in the same clock), as
 
 Per variant, over the last half of its span (where its steady window lies): the median and lowest SM
 clock, the card's top clock, the median power against the enforced limit, and the share of samples per
-clock-event reason. ``nvidia-smi``'s samples are instants, not averages: a median over tens of them
-says what the card ran at, one sample says little.
+clock-event reason. The SM clock is an instant (``power.draw`` is the last second's average on Ampere and
+newer cards): a median over tens of samples says what the card ran at, one sample says little. One GPU:
+``call.sh`` prefixes the epoch to the first line ``nvidia-smi`` prints, which is the only one read.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ def reason_names(mask: int) -> list[str]:
 
 
 def read_samples(lines: list[str]) -> list[dict[str, Any]]:
-    """``gpu.csv``'s rows as dicts keyed by its header (``epoch`` first); a row ``nvidia-smi`` answered with
-    an error, or with ``[N/A]``, is left out; the reasons' hex mask becomes an int."""
+    """``gpu.csv``'s rows as dicts keyed by its header (``epoch`` first); the reasons' hex mask becomes an
+    int, a field the card does not report (``[N/A]``) None; a row ``nvidia-smi`` answered with an error, or
+    without an epoch or SM clock, is left out."""
+    if not lines:
+        return []
     header = [name.strip() for name in lines[0].split(",")]
     samples = []
     for line in lines[1:]:
@@ -59,18 +63,25 @@ def read_samples(lines: list[str]) -> list[dict[str, Any]]:
         if len(cells) != len(header):
             continue
         row: dict[str, Any] = {}
-        try:
-            for name, cell in zip(header, cells):
+        for name, cell in zip(header, cells):
+            reasons = name.startswith(("clocks_event_reasons", "clocks_throttle_reasons"))
+            try:
                 if name == "timestamp":
                     row[name] = cell
-                elif name.startswith("clocks_event_reasons") or name.startswith("clocks_throttle_reasons"):
+                elif reasons:
                     row["reasons"] = int(cell, 16)
                 else:
                     row[name] = float(cell)
-        except ValueError:
-            continue
-        samples.append(row)
+            except ValueError:
+                row["reasons" if reasons else name] = None
+        if row.get("epoch") is not None and row.get("clocks.sm") is not None:
+            samples.append(row)
     return samples
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def compare(samples: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,13 +92,14 @@ def compare(samples: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[
         row: dict[str, Any] = {"variant": variant, "median_ms": median_ms, "samples": len(inside)}
         if inside:
             clocks = [s["clocks.sm"] for s in inside]
-            row.update(sm_mhz=statistics.median(clocks), sm_min_mhz=min(clocks),
-                       sm_max_mhz=max(s.get("clocks.max.sm", 0.0) for s in inside) or None,
-                       power_w=statistics.median(s["power.draw"] for s in inside) if "power.draw" in inside[0] else None,
-                       power_limit_w=inside[0].get("enforced.power.limit"))
+            top = [s["clocks.max.sm"] for s in inside if s.get("clocks.max.sm") is not None]
+            row.update(sm_mhz=statistics.median(clocks), sm_min_mhz=min(clocks), sm_max_mhz=max(top) if top else None,
+                       power_w=_median([s.get("power.draw") for s in inside]),
+                       power_limit_w=_median([s.get("enforced.power.limit") for s in inside]))
             counts: collections.Counter[str] = collections.Counter()
             for sample in inside:
-                for name in reason_names(sample["reasons"]) if "reasons" in sample else ["not sampled"]:
+                mask = sample.get("reasons")
+                for name in reason_names(mask) if mask is not None else ["not sampled"]:
                     counts[name] += 1
             row["reasons"] = {name: round(count / len(inside), 3) for name, count in counts.most_common()}
         rows.append(row)
@@ -112,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
             power = (f", power {row['power_w']:.0f} W" + (f" of {row['power_limit_w']:.0f}" if row["power_limit_w"] else "")
                      if row["power_w"] is not None else "")
             reasons = ", ".join(f"{name} {share:.0%}" for name, share in row["reasons"].items())
-            print(f"  {row['variant']:<14} median {row['median_ms']:.2f} ms, SM clock {row['sm_mhz']:.0f} MHz "
-                  f"(lowest {row['sm_min_mhz']:.0f}, top {row['sm_max_mhz']:.0f}){power}; reasons: {reasons}; "
-                  f"{row['samples']} samples")
+            top = f", top {row['sm_max_mhz']:.0f}" if row["sm_max_mhz"] is not None else ""
+            step = f"{row['median_ms']:.2f} ms" if row["median_ms"] is not None else "– (no steps)"
+            print(f"  {row['variant']:<14} median {step}, SM clock {row['sm_mhz']:.0f} MHz "
+                  f"(lowest {row['sm_min_mhz']:.0f}{top}){power}; reasons: {reasons}; {row['samples']} samples")
 
 
 if __name__ == "__main__":

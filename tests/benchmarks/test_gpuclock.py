@@ -42,6 +42,16 @@ def test_a_variant_that_ran_power_capped_reads_a_lower_clock_and_the_reason():
     assert gpuclock.reason_names(0) == ["none"] and gpuclock.reason_names(0x1004) == ["SW power cap", "other (0x1000)"]
 
 
+def test_a_card_that_reports_some_fields_as_n_a_still_has_its_clock_read():
+    lines = [HEADER, "5.0,2026/12/04 18:01:36.887, 1755, 1980, 650.00, [N/A], 62, 100, [N/A]",
+             "6.0,2026/12/04 18:01:37.387, [N/A], 1980, 650.00, [N/A], 62, 100, 0x0"]
+    samples = gpuclock.read_samples(lines)
+    assert len(samples) == 1 and samples[0]["enforced.power.limit"] is None and samples[0]["reasons"] is None
+    row = gpuclock.compare(samples, {"records": [{"variant": "v", "median_ms": 1.0, "started_at": 0, "ended_at": 6}]})[0]
+    assert (row["sm_mhz"], row["power_w"], row["power_limit_w"], row["reasons"]) == (1755, 650.0, None, {"not sampled": 1.0})
+    assert gpuclock.read_samples([]) == []
+
+
 def test_the_reader_prints_each_variants_clock(tmp_path, capsys):
     csv, result = tmp_path / "gpu.csv", tmp_path / "result.json"
     csv.write_text("\n".join([HEADER, *(_line(t, 1740, 693.3, "0x0000000000000004") for t in range(4))]) + "\n")
