@@ -640,6 +640,15 @@ def drift_verdict(
     return f"inconclusive (host drift {drift - 1:+.1%})"
 
 
+CACHES_DISABLED = " with compile caches disabled (run with --compile-caches fresh: torch's default has them on)"
+
+
+def _caches_disabled(caches: str | None) -> bool:
+    """Whether a run's ``compile_caches`` setting had Inductor's caches off: the callback then compiles
+    in-process, a route a user's run takes only with caches off (no background child to hand over)."""
+    return caches is not None and caches.startswith("disabled")
+
+
 def _stall_verdict(workload: str, callback: dict[str, Any] | None, invalid: str | None, caches: str | None) -> Verdict:
     """The SPEC's "the training loop waits for the compiler ≤ 5 s on a cold GPT-2 run": the callback's
     ``compile/stall_s``. Cold is a machine with no compile caches, as ``--compile-caches fresh`` makes one
@@ -649,9 +658,8 @@ def _stall_verdict(workload: str, callback: dict[str, Any] | None, invalid: str 
     target = f"training loop waits for the compiler ≤ {GPT_STALL_S:.0f} s (cold)"
     stall = checks.reported_figures(callback).get("stall_s") if callback else None
     measured = _number(stall, ".1f", " s") + " (the callback's `compile/stall_s`)"
-    if stall is not None and caches is not None and caches.startswith("disabled"):
-        return Verdict(workload, target, f"{stall:.1f} s with compile caches disabled (run with --compile-caches "
-                                         "fresh: torch's default has them on)", invalid or NOT_MEASURED)
+    if stall is not None and _caches_disabled(caches):
+        return Verdict(workload, target, f"{stall:.1f} s{CACHES_DISABLED}", invalid or NOT_MEASURED)
     return Verdict(workload, target, measured, invalid or _verdict(None if stall is None else stall <= GPT_STALL_S))
 
 
@@ -674,9 +682,8 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
     callback_wall, eager_wall = wall(_ok(records, "callback")), wall(_ok(records, "eager"))
     if callback_wall is None or eager_wall is None:
         return Verdict(workload, target, f"(run with --total-steps {SPEC_WALL_STEPS})", invalid or NOT_MEASURED)
-    if caches is not None and caches.startswith("disabled"):
-        return Verdict(workload, target, f"{callback_wall:.1f} s with compile caches disabled (run with "
-                                         "--compile-caches fresh: torch's default has them on)", invalid or NOT_MEASURED)
+    if _caches_disabled(caches):
+        return Verdict(workload, target, f"{callback_wall:.1f} s{CACHES_DISABLED}", invalid or NOT_MEASURED)
     measured = f"{callback_wall:.1f} s vs eager {eager_wall:.1f} s ({callback_wall / eager_wall:.3f}×)"
     passed = callback_wall < eager_wall if below else callback_wall <= SPEC_WALL_RATIO * eager_wall
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]),

@@ -76,11 +76,12 @@ def round_cycles(remaining: int, eager_ms: float | None, compiled_ms: float | No
     ``eager_ms - compiled_ms`` a step over the plan) within ``budget`` of the compiled time of the
     ``remaining`` batches, from :data:`MIN_CYCLES` to :data:`MAX_CYCLES`; the fewest where a time is
     unknown. Never more than the ``remaining`` batches hold (fewer than :data:`MIN_CYCLES`: no round fits)."""
-    fits = max(0, remaining) // (4 * BLOCK)
+    remaining = max(0, remaining)
+    fits = remaining // (4 * BLOCK)
     if not (eager_ms and compiled_ms):
         return min(fits, MIN_CYCLES)
     excess_ms = 2 * BLOCK * max(0.0, eager_ms - compiled_ms)
-    paid = MAX_CYCLES if excess_ms == 0.0 else int(budget * max(0, remaining) * compiled_ms // excess_ms)
+    paid = MAX_CYCLES if excess_ms == 0.0 else int(budget * remaining * compiled_ms // excess_ms)
     return min(fits, max(MIN_CYCLES, min(MAX_CYCLES, paid)))
 
 

@@ -705,7 +705,7 @@ MUTATIONS = [
     Mutation(
         name="the first-steps wall time answered by a run whose compile caches were disabled",
         path="benchmarks/table.py",
-        old='    if caches is not None and caches.startswith("disabled"):\n',
+        old="    if _caches_disabled(caches):\n",
         new="    if False:\n",
         tests=("tests/benchmarks/test_checks.py::test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on",),
     ),
@@ -947,7 +947,7 @@ MUTATIONS = [
     Mutation(
         name="a caches-off run answers the cold-stall target",
         path="benchmarks/table.py",
-        old='    if stall is not None and caches is not None and caches.startswith("disabled"):\n',
+        old="    if stall is not None and _caches_disabled(caches):\n",
         new="    if False:\n",
         tests=("tests/benchmarks/test_checks.py::test_the_cold_stall_is_answered_by_runs_with_the_compile_caches_on",),
     ),
