@@ -39,6 +39,7 @@ from benchmarks.variants import (
 )
 from benchmarks.workloads import Workload
 from compile_callback import torch_internals
+from compile_callback.regions import captures_cuda_graphs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,7 +410,7 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
     # Two CUDA-graph trees' functions a step (the model's, the optimizer's): each step starts a new
     # generation, or the next forward finds its outputs overwritten (session 29, call 4: the variant
     # failed so on the H200 without this; not yet run with it).
-    mark_step = optimizer_compile is not None and optimizer_compile.get("mode") in CUDA_GRAPH_MODES
+    mark_step = captures_cuda_graphs_with(optimizer_compile)
     meter.begin()
     done = False
     try:
@@ -430,7 +431,12 @@ def _plain_loop(module: torch.nn.Module, loader: Any, meter: StepMeter, workload
             trace.close()
 
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the torch.compile modes that capture CUDA graphs
+def captures_cuda_graphs_with(compile_kwargs: dict[str, Any] | None) -> bool:
+    """Whether ``torch.compile(**compile_kwargs)`` captures CUDA graphs (the product's rule, one place)."""
+    if compile_kwargs is None:
+        return False
+    return captures_cuda_graphs(compile_kwargs.get("backend", "inductor"), compile_kwargs.get("mode"),
+                                compile_kwargs.get("options"))
 
 
 def plain_optimizer(optimizer: torch.optim.Optimizer, compile_kwargs: dict[str, Any] | None) -> torch.optim.Optimizer:

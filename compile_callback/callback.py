@@ -44,6 +44,9 @@ class CompileCallback(Callback):
             callable itself. Checked in ``setup``; modes other than ``"default"`` need ``"inductor"``.
         mode: ``"auto"`` (chosen by measurement with ``regions="auto"``, else ``"default"``) or one of
             ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``.
+            ``"reduce-overhead"`` and ``"max-autotune"`` (or ``options={"triton.cudagraphs": True}``) run
+            CUDA graphs on a GPU: each trial in them is timed against the plan right before it, not between
+            its steps, and is not tried where the graphs' memory pool would not fit.
         fullgraph: passed to ``torch.compile``; a graph break then raises.
         dynamic: passed to ``torch.compile``. ``None``: dynamo decides after the first shape change,
             except that with ``pad`` applied from the first batch each bucket is compiled as a static

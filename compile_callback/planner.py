@@ -590,12 +590,12 @@ class AutoPlanner(_CompilesRegions):
 
     # Long on purpose: one trial as a generator (compile, verify, control, candidate, verdict), in order.
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
-        options = dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
+        options = self._options_for(candidate)
         control = label + CONTROL
         # The whole model after a kept part (payback.part_first_in_background) replaces it: the part runs
         # eagerly during the trial, and the plan before it (the part compiled) is timed right before it.
         replaces = list(self._kept) if candidate.name == MODEL else []
-        interleaved = options.mode != "reduce-overhead" and not replaces
+        interleaved = not options.cuda_graphs and not replaces
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
         if not (yield from self._hold_inputs(candidate.region)):
@@ -763,9 +763,13 @@ class AutoPlanner(_CompilesRegions):
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
-        if (candidate.mode or self.options.mode) == "reduce-overhead":
+        if self._options_for(candidate).cuda_graphs:
             return self._graph_trial_batches()
         return self._interleaved_blocks() * INTERLEAVE_BLOCK
+
+    def _options_for(self, candidate: Candidate) -> CompileOptions:
+        """What ``candidate`` is compiled with: the callback's options in the candidate's mode, if it has one."""
+        return dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
 
     def _graph_trial_batches(self) -> int:
         """A CUDA-graph trial's timed batches at most: its control windows and its own, each after one untimed step."""

@@ -126,6 +126,11 @@ class CompileOptions:
         options.pop("triton.cudagraphs", None)
         return {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic, "options": options}
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the region runs as CUDA graphs on a CUDA device (:func:`captures_cuda_graphs`)."""
+        return captures_cuda_graphs(self.backend, self.mode, self.options)
+
     def describe(self) -> str:
         parts = [backend_name(self.backend)]
         if self.mode:
@@ -258,10 +263,18 @@ def revert_region(region: Region) -> None:
     region.compiled_with = None
 
 
+def captures_cuda_graphs(backend: Backend, mode: str | None, options: dict[str, Any] | None) -> bool:
+    """Whether ``torch.compile(backend=backend, mode=mode, options=options)`` runs CUDA graphs on a CUDA device:
+    Inductor's ``triton.cudagraphs``, which ``reduce-overhead`` and ``max-autotune`` turn on and ``options``
+    may set either way, or dynamo's ``cudagraphs`` backend. Their memory pool stays between steps, so
+    eager steps cannot be interleaved with them and the pool must fit beside the rest."""
+    if backend == "cudagraphs":
+        return True
+    if backend != "inductor":
+        return False
+    return bool({**torch_internals.mode_options(mode), **(options or {})}.get("triton.cudagraphs"))
+
+
 def uses_cuda_graphs(regions: Iterable[Any]) -> bool:
-    """Whether a compiled region runs as CUDA graphs (``reduce-overhead`` or Inductor's cudagraphs option)."""
-    for region in regions:
-        options = region.compiled_with
-        if options is not None and (options.mode == "reduce-overhead" or (options.options or {}).get("triton.cudagraphs")):
-            return True
-    return False
+    """Whether a compiled region runs as CUDA graphs (:attr:`CompileOptions.cuda_graphs`)."""
+    return any(region.compiled_with is not None and region.compiled_with.cuda_graphs for region in regions)

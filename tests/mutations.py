@@ -958,6 +958,13 @@ MUTATIONS = [
         new="        inside = list(samples)\n",
         tests=("tests/benchmarks/test_gpuclock.py",),
     ),
+    Mutation(
+        name="only reduce-overhead counts as CUDA graphs (max-autotune's trial interleaved, its pool unchecked)",
+        path="compile_callback/regions.py",
+        old='    return bool({**torch_internals.mode_options(mode), **(options or {})}.get("triton.cudagraphs"))\n',
+        new='    return mode == "reduce-overhead"\n',
+        tests=("tests/test_mode_trial.py",),
+    ),
 ]
 
 

@@ -272,3 +272,33 @@ def test_where_the_largest_regions_graphs_are_not_tried_a_note_says_why(setting,
     assert chosen is None and len(notes) == 1, notes
     assert notes[0].startswith("reduce-overhead (CUDA graphs) of `blocks.*`, whose default mode was not kept, not tried: ")
     assert says in notes[0], notes
+
+
+@pytest.mark.parametrize("options", [dict(mode="max-autotune"), dict(options={"triton.cudagraphs": True})])
+def test_a_users_mode_that_captures_cuda_graphs_gets_the_cuda_graph_trials_memory_rule(options):
+    """``mode="max-autotune"`` (or Inductor's own ``triton.cudagraphs``) captures CUDA graphs as
+    ``reduce-overhead`` does: a region's trial in it is not interleaved with eager steps (both memories
+    at once) and its pool must fit beside the rest, or it is not tried and nothing is compiled."""
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    (kept,) = planner.regions
+    planner.options = CompileOptions(backend="inductor", **options)
+    planner.activation_bytes = lambda: 3 * 2**30
+    planner.room_bytes = lambda: 2**30
+    (region,) = resolve_regions(model, ["head.linear"])
+    candidate = Candidate(region, forward_ms=1.0, share=0.5)
+    assert planner._trial_batches(candidate) == planner._graph_trial_batches()
+    labels = list(planner._trial(candidate, 2.0, label="trial:0"))
+    assert labels and set(labels) <= {"trial:0" + CONTROL, None}, labels  # the plan before it, timed right before it
+    decision = planner.decisions[-1]
+    assert not decision.kept and decision.reason == (
+        "not tried: its CUDA-graph pool would hold up to 3.0 GB (the eager step's activations) and 1.0 GB are free")
+    assert not region.is_compiled and kept.is_compiled
+
+
+def test_which_compile_arguments_capture_cuda_graphs():
+    assert [CompileOptions(**kw).cuda_graphs for kw in (
+        dict(), dict(mode="default"), dict(mode="max-autotune-no-cudagraphs"), dict(backend="aot_eager"),
+        dict(mode="reduce-overhead"), dict(mode="max-autotune"), dict(options={"triton.cudagraphs": True}),
+        dict(backend="cudagraphs"),
+    )] == [False] * 4 + [True] * 4
