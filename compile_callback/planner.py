@@ -176,7 +176,7 @@ class FixedPlanner(_CompilesRegions):
                 Decision(
                     region=region.name,
                     modules=[name or "model" for name in region.module_names],
-                    mode=self.options.mode or "default",
+                    mode=self.options.mode_name,
                     kept=True,
                     reason="named in regions=",
                     step=batch_index,
@@ -566,7 +566,7 @@ class AutoPlanner(_CompilesRegions):
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
-        if self._kept and self.launch_bound and self.options.mode is None and not tried_graphs:
+        if self._kept and self._graphs_first() and not tried_graphs:
             unpaid = self._graphs_unpaid(current_ms, remaining)
             if unpaid is None and remaining > ISSUE_PROBES:  # the probes can only lower the price: only where it repays
                 yield from self._time_issue()
@@ -582,6 +582,9 @@ class AutoPlanner(_CompilesRegions):
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the model runs on CPU")
         elif self.options.mode is None and self.regions and self.launch_bound is False:
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the step is not launch-bound")
+        elif self.options.mode is None and self.regions and not tried_graphs and self.options.with_cuda_graphs() is None:
+            self.notes.append(f"reduce-overhead (CUDA graphs) not tried: backend {backend_name(self.options.backend)!r} "
+                              f"has no CUDA-graph mode (Inductor's has)")
         release_host_memory()  # verification's pinned copies: the search is over
         self.frozen = True
         self.coverage = self._coverage()
@@ -768,8 +771,12 @@ class AutoPlanner(_CompilesRegions):
         return self._interleaved_blocks() * INTERLEAVE_BLOCK
 
     def _options_for(self, candidate: Candidate) -> CompileOptions:
-        """What ``candidate`` is compiled with: the callback's options in the candidate's mode, if it has one."""
-        return dataclasses.replace(self.options, mode=candidate.mode or self.options.mode)
+        """What ``candidate`` is compiled with: the callback's options, with CUDA graphs where its mode asks for them."""
+        if candidate.mode == "reduce-overhead":
+            graphs = self.options.with_cuda_graphs()
+            assert graphs is not None, "a CUDA-graph candidate where none can be had (see _graphs_first)"
+            return graphs
+        return self.options
 
     def _graph_trial_batches(self) -> int:
         """A CUDA-graph trial's timed batches at most: its control windows and its own, each after one untimed step."""
@@ -839,7 +846,8 @@ class AutoPlanner(_CompilesRegions):
             self.notes.append("reduce-overhead (CUDA graphs) not tried: kept regions recompiled (shapes change)")
             return
         kept = list(self._kept)
-        options = dataclasses.replace(self.options, mode="reduce-overhead")
+        options = self.options.with_cuda_graphs()
+        assert options is not None, "a CUDA-graph trial where none can be had (see the search's gate)"
         group = Region(name="+".join(r.name for r in kept), module_names=[n for r in kept for n in r.module_names],
                        modules=[m for r in kept for m in r.modules])
         units = sum(c.units for c in self._all_candidates if c.region in kept)
@@ -1005,7 +1013,7 @@ class AutoPlanner(_CompilesRegions):
 
     def _graphs_first(self) -> bool:
         """Whether the whole model is tried with CUDA graphs first: a launch-bound step, no mode asked for."""
-        return bool(self.launch_bound) and self.options.mode is None
+        return bool(self.launch_bound) and self.options.mode is None and self.options.with_cuda_graphs() is not None
 
     def _batches_left(self, candidate: Candidate | None = None) -> int:
         """Training batches left once ``candidate``'s trial (or none) and the frozen plan's warm-up are done."""
@@ -1334,7 +1342,7 @@ class AutoPlanner(_CompilesRegions):
 
     def _decide(self, candidate: Candidate, options: CompileOptions, *, kept: bool, reason: str, **numbers: Any) -> None:
         self._add(Decision(region=candidate.name, modules=[n or MODEL for n in candidate.region.module_names],
-                           mode=options.mode or "default", kept=kept, reason=reason,
+                           mode=options.mode_name, kept=kept, reason=reason,
                            step=self._batch_index, time_share=candidate.share, **numbers))
 
     def _coverage(self) -> float | None:
@@ -1357,7 +1365,7 @@ class AutoPlanner(_CompilesRegions):
             # What runs compiled now: a region the churn policy reverted stays eager after a resume,
             # and one it recompiled dynamic stays dynamic.
             "plan": [{"name": r.name, "modules": r.module_names, "mode": r.compiled_with.mode,
-                      "dynamic": r.compiled_with.dynamic}
+                      "options": r.compiled_with.options, "dynamic": r.compiled_with.dynamic}
                      for r in self.regions if r.is_compiled and r.compiled_with is not None],
             "eager_ms": self.eager_ms,
             "coverage": self.coverage,
@@ -1385,6 +1393,8 @@ class AutoPlanner(_CompilesRegions):
             region = Region(item["name"], list(item["modules"]), modules)
             self.watch.add_region(region)
             options = dataclasses.replace(self.options, mode=item.get("mode"))
+            if "options" in item:  # CUDA graphs beside the user's options are in them; older plans: this run's
+                options = dataclasses.replace(options, options=item["options"])
             if "dynamic" in item:  # plans saved before it was kept compile with the options of this run
                 options = dataclasses.replace(options, dynamic=item["dynamic"])
             compile_region(region, options, on_error=self._failed)

@@ -131,6 +131,23 @@ class CompileOptions:
         """Whether the region runs as CUDA graphs on a CUDA device (:func:`captures_cuda_graphs`)."""
         return captures_cuda_graphs(self.backend, self.mode, self.options)
 
+    @property
+    def mode_name(self) -> str:
+        """The mode a decision names: the one given, else ``reduce-overhead`` where Inductor options turn
+        CUDA graphs on (torch.compile takes no mode beside options), else ``default``."""
+        return self.mode or ("reduce-overhead" if self.cuda_graphs else "default")
+
+    def with_cuda_graphs(self) -> CompileOptions | None:
+        """These options with Inductor's CUDA graphs on, as the auto planner's CUDA-graph trials compile:
+        ``reduce-overhead``, or beside the user's own Inductor ``options`` their ``triton.cudagraphs`` (with
+        both torch.compile raises); None where no such trial is to be had: another backend, or CUDA graphs
+        on already."""
+        if self.backend != "inductor" or self.cuda_graphs:
+            return None
+        if self.options:
+            return dataclasses.replace(self, options={**self.options, "triton.cudagraphs": True})
+        return dataclasses.replace(self, mode="reduce-overhead")
+
     def describe(self) -> str:
         parts = [backend_name(self.backend)]
         if self.mode:

@@ -965,6 +965,27 @@ MUTATIONS = [
         new='    return mode == "reduce-overhead"\n',
         tests=("tests/test_mode_trial.py",),
     ),
+    Mutation(
+        name="the CUDA-graph trial puts a mode beside the user's Inductor options",
+        path="compile_callback/regions.py",
+        old='        if self.options:\n            return dataclasses.replace(self, options={**self.options, "triton.cudagraphs": True})\n',
+        new="",
+        tests=("tests/test_mode_trial.py",),
+    ),
+    Mutation(
+        name="a resumed plan forgets the options its regions were compiled with",
+        path="compile_callback/planner.py",
+        old='            if "options" in item:',
+        new='            if False:',
+        tests=("tests/test_mode_trial.py",),
+    ),
+    Mutation(
+        name="CUDA graphs planned for a backend that has none",
+        path="compile_callback/planner.py",
+        old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",
+        new="self.options.mode is None\n",
+        tests=("tests/test_mode_trial.py",),
+    ),
 ]
 
 

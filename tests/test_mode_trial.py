@@ -302,3 +302,40 @@ def test_which_compile_arguments_capture_cuda_graphs():
         dict(mode="reduce-overhead"), dict(mode="max-autotune"), dict(options={"triton.cudagraphs": True}),
         dict(backend="cudagraphs"),
     )] == [False] * 4 + [True] * 4
+
+
+def test_with_the_users_inductor_options_the_cuda_graph_trial_adds_them_no_mode():
+    """``CompileCallback(options={...})`` with the mode left to the planner: torch.compile refuses a mode beside
+    options, so the CUDA-graph trial compiles the user's options with ``triton.cudagraphs`` (before, it raised
+    out of the fit). The decision names it ``reduce-overhead``, and a resumed run compiles the same."""
+    model, x = Model(), torch.randn(4, 8)
+    planner = make_planner(model, x, trial_ms=1.0)
+    user = {"epilogue_fusion": True}
+    planner.options = CompileOptions(backend="inductor", options=user)
+    drive(planner, model, x)
+    decision = planner.decisions[-1]
+    assert decision.kept and decision.mode == "reduce-overhead", decision
+    (region,) = planner.regions
+    assert region.compiled_with.mode is None and region.compiled_with.options == {**user, "triton.cudagraphs": True}
+    assert planner.options.options == user  # the user's own dict is not changed
+    planner.frozen = True  # as the search ends
+    saved = planner.state_dict()
+    resumed = make_planner(Model(), x, trial_ms=1.0)
+    resumed.options, resumed.regions = planner.options, []
+    resumed.load_state_dict(saved)
+    resumed._apply_saved_plan(resumed._saved_plan)
+    assert [r.compiled_with.options for r in resumed.regions] == [{**user, "triton.cudagraphs": True}]
+
+
+def test_where_no_cuda_graph_trial_can_be_had_none_is_planned():
+    """Inductor options that run CUDA graphs already need no second trial (their decisions name
+    ``reduce-overhead``); another backend has no CUDA-graph mode of Inductor's to try."""
+    graphs = CompileOptions(options={"triton.cudagraphs": True})
+    assert graphs.with_cuda_graphs() is None and graphs.mode_name == "reduce-overhead"
+    assert CompileOptions(backend="aot_eager").with_cuda_graphs() is None
+    assert CompileOptions().with_cuda_graphs() == CompileOptions(mode="reduce-overhead")
+    planner = make_planner(Model(), torch.randn(4, 8), trial_ms=1.0)
+    planner.launch_bound = True
+    assert planner._graphs_first()
+    planner.options = CompileOptions(backend="aot_eager")
+    assert not planner._graphs_first()
