@@ -108,6 +108,24 @@ def test_auto_on_cuda_keeps_a_faster_plan_and_tries_cuda_graphs(tmp_path):
     assert peaks and peaks == sorted(peaks) and peaks[-1] <= report["summary"]["memory_peak_gb"], report["decisions"]
 
 
+def test_with_the_users_inductor_options_the_launch_bound_step_still_gets_its_cuda_graph_trial(tmp_path):
+    """``options`` given and the mode left to the planner: its CUDA-graph trials compile the options with
+    ``triton.cudagraphs`` (a mode beside options made torch.compile raise out of the fit); options that run
+    CUDA graphs already are trialled as graphs, right after the plan before them, not between its steps.
+    Written in session 30 without a GPU: first run it there."""
+    for options, graphs_in_every_trial in (({"epilogue_fusion": True}, False), ({"triton.cudagraphs": True}, True)):
+        callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15, options=options)
+        trainer = make_trainer(tmp_path / str(graphs_in_every_trial), [callback, StopWhenPlanned(callback)],
+                               accelerator="cuda", max_epochs=-1, max_steps=200_000)
+        trainer.fit(ManySmallOps(), loader(batch_size=8))
+        report = callback.last_report
+        decisions = [d for d in report["decisions"] if d["step_ms"] is not None]  # trials that ran
+        assert report["plan"]["launch_bound"] is True and decisions, report
+        assert "reduce-overhead" in [d["mode"] for d in decisions], decisions
+        if graphs_in_every_trial:
+            assert all(d["mode"] == "reduce-overhead" and "timed right before it" in d["reason"] for d in decisions), decisions
+
+
 class Pointwise(nn.Module):
     """A block of thirty elementwise ops: eager launches each, a default-mode compile fuses them."""
 
