@@ -565,8 +565,20 @@ class AutoPlanner(_CompilesRegions):
             self.regions.clear()
             self._kept.clear()
             self.notes.append("a kept region failed at run time on some rank: every kept region reverted on every rank")
+        yield from self._kept_plan_graphs(current_ms, trials, tried_graphs)
+        release_host_memory()  # verification's pinned copies: the search is over
+        self.frozen = True
+        self.coverage = self._coverage()
+        while True:
+            yield COMPILED
+
+    def _kept_plan_graphs(self, current_ms: float | None, trials: int, tried_graphs: bool) -> Iterator[str | None]:
+        """After the search: the kept plan's CUDA-graph trial where it may repay (on a launch-bound GPU step, no mode
+        asked for, none tried yet, ``max_trials`` not reached), or a note that says why there is none."""
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
-        if self._kept and self._graphs_first() and not tried_graphs:
+        if self._kept and self._graphs_first() and not tried_graphs and trials >= self.max_trials:
+            self.notes.append(f"reduce-overhead (CUDA graphs) of the kept plan not tried: max_trials={self.max_trials} reached")
+        elif self._kept and self._graphs_first() and not tried_graphs:
             unpaid = self._graphs_unpaid(current_ms, remaining)
             if unpaid is None and remaining > ISSUE_PROBES:  # the probes can only lower the price: only where it repays
                 yield from self._time_issue()
@@ -574,7 +586,6 @@ class AutoPlanner(_CompilesRegions):
                 unpaid = self._graphs_unpaid(current_ms, remaining)
             go, unpaid = self.agree((remaining > 0 and unpaid is None, unpaid))  # rank 0's, as every choice
             if go:
-                trials += 1
                 yield from self._mode_trial(current_ms)
             else:
                 self.notes.append(unpaid or "reduce-overhead (CUDA graphs) not tried: the run ends before its trial could finish")
@@ -582,14 +593,11 @@ class AutoPlanner(_CompilesRegions):
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the model runs on CPU")
         elif self.options.mode is None and self.regions and self.launch_bound is False:
             self.notes.append("reduce-overhead (CUDA graphs) not tried: the step is not launch-bound")
-        elif self.options.mode is None and self.regions and not tried_graphs and self.options.with_cuda_graphs() is None:
-            self.notes.append(f"reduce-overhead (CUDA graphs) not tried: backend {backend_name(self.options.backend)!r} "
-                              f"has no CUDA-graph mode (Inductor's has)")
-        release_host_memory()  # verification's pinned copies: the search is over
-        self.frozen = True
-        self.coverage = self._coverage()
-        while True:
-            yield COMPILED
+        elif (self.options.mode is None and self.regions and self.launch_bound and not tried_graphs
+              and self.options.with_cuda_graphs() is None):
+            why = (f"backend {backend_name(self.options.backend)!r} has no CUDA-graph mode (Inductor's has)"
+                   if self.options.backend != "inductor" else "the options turn them off (triton.cudagraphs=False)")
+            self.notes.append(f"reduce-overhead (CUDA graphs) not tried: {why}")
 
     # Long on purpose: one trial as a generator (compile, verify, control, candidate, verdict), in order.
     def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:

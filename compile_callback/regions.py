@@ -141,8 +141,8 @@ class CompileOptions:
         """These options with Inductor's CUDA graphs on, as the auto planner's CUDA-graph trials compile:
         ``reduce-overhead``, or beside the user's own Inductor ``options`` their ``triton.cudagraphs`` (with
         both torch.compile raises); None where no such trial is to be had: another backend, or CUDA graphs
-        on already."""
-        if self.backend != "inductor" or self.cuda_graphs:
+        on already, or the options say ``triton.cudagraphs`` themselves (``False``: the user's no)."""
+        if self.backend != "inductor" or self.cuda_graphs or "triton.cudagraphs" in (self.options or {}):
             return None
         if self.options:
             return dataclasses.replace(self, options={**self.options, "triton.cudagraphs": True})

@@ -237,12 +237,12 @@ class CompileRun:
 
     def compile_static_buckets(self) -> None:
         """With batches padded from the first, every batch has one of a few fixed shapes: each is compiled
-        as a static graph of its own (``dynamic=False``), unless the user chose ``dynamic``. Left alone,
+        as a static graph of its own (``dynamic=False``), unless the user chose ``dynamic=True``. Left alone,
         dynamo makes the padded size dynamic at the second bucket, and dynamic-shape kernels over padded
         batches lose to static ones (BENCHMARKS.md, variable-length GPT-2). Dynamo's recompile limit is
         raised, for this fit, to the graphs the buckets need, so none of them falls back to eager."""
         plan = self.padding_plan()
-        if self.static_buckets or self.config.dynamic is not None or not plan.edges:
+        if self.static_buckets or self.config.dynamic is True or not plan.edges:
             return
         self.static_buckets = True
         # Per padded shape a full batch and a short last one, each in training and in validation (no_grad).

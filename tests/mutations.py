@@ -980,6 +980,27 @@ MUTATIONS = [
         tests=("tests/test_mode_trial.py",),
     ),
     Mutation(
+        name="the kept plan's CUDA-graph trial ignores max_trials",
+        path="compile_callback/planner.py",
+        old="and not tried_graphs and trials >= self.max_trials:",
+        new="and not tried_graphs and False:",
+        tests=("tests/test_mode_trial.py",),
+    ),
+    Mutation(
+        name="the user's triton.cudagraphs=False is overridden by the planner's CUDA-graph trial",
+        path="compile_callback/regions.py",
+        old='self.cuda_graphs or "triton.cudagraphs" in (self.options or {}):',
+        new="self.cuda_graphs:",
+        tests=("tests/test_mode_trial.py",),
+    ),
+    Mutation(
+        name="dynamic=False with pad: no bucket budget, no raised recompile limit",
+        path="compile_callback/run.py",
+        old="self.config.dynamic is True or not plan.edges:",
+        new="self.config.dynamic is not None or not plan.edges:",
+        tests=("tests/test_padding.py::test_padding_from_the_first_batch_compiles_one_static_graph_per_bucket",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

@@ -339,3 +339,31 @@ def test_where_no_cuda_graph_trial_can_be_had_none_is_planned():
     assert planner._graphs_first()
     planner.options = CompileOptions(backend="aot_eager")
     assert not planner._graphs_first()
+
+
+def kept_plan_graphs(*, options: CompileOptions | None = None, trials: int = 0, max_trials: int = 3) -> list[str]:
+    """The notes of a launch-bound GPU planner's last step, ``blocks.*`` kept and no CUDA graphs tried yet, where
+    the kept plan's graph trial is not to be had (it would take steps: the test fails on the first)."""
+    model = Blocks()
+    (region,) = resolve_regions(model, ["blocks.*"])
+    planner = AutoPlanner(
+        model, options or CompileOptions(backend="inductor"), timer=SimpleNamespace(), watch=CompileWatch({}, {}),
+        device=torch.device("cuda"), warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=2,
+        min_speedup=1.05, max_trials=max_trials, verify=True, tolerance=None, agree=lambda v: v,
+        remaining_batches=lambda: 10**6, context=lambda: torch.autocast("cpu", enabled=False),
+    )
+    planner.launch_bound = True
+    planner._kept.append(region)
+    planner.regions.append(region)
+    assert next(planner._kept_plan_graphs(2.0, trials, tried_graphs=False), None) is None, planner.notes
+    return planner.notes
+
+
+def test_the_kept_plans_cuda_graph_trial_is_not_had_past_max_trials_nor_against_the_users_options():
+    assert kept_plan_graphs(trials=3, max_trials=3) == [
+        "reduce-overhead (CUDA graphs) of the kept plan not tried: max_trials=3 reached"]
+    assert kept_plan_graphs(options=CompileOptions(options={"triton.cudagraphs": False})) == [
+        "reduce-overhead (CUDA graphs) not tried: the options turn them off (triton.cudagraphs=False)"]
+    assert kept_plan_graphs(options=CompileOptions(backend="aot_eager")) == [
+        "reduce-overhead (CUDA graphs) not tried: backend 'aot_eager' has no CUDA-graph mode (Inductor's has)"]
+    assert CompileOptions(options={"triton.cudagraphs": False, "max_autotune": True}).with_cuda_graphs() is None
