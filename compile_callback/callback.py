@@ -51,7 +51,8 @@ class CompileCallback(Callback):
         dynamic: passed to ``torch.compile``. ``None``: dynamo decides after the first shape change,
             except that with ``pad`` applied from the first batch each bucket is compiled as a static
             graph of its own (``False``).
-        options: inductor options passed to ``torch.compile`` (not together with a ``mode``).
+        options: inductor options passed to ``torch.compile`` (not together with a ``mode``); a backend of
+            your own gets them as its ``options`` keyword, torch's ``eager``/``aot_eager`` take none.
         eager_baseline_steps: eager batches timed before compiling, the baseline of
             ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
         warmup_steps: batches not timed at the start and after each compile.
@@ -96,7 +97,7 @@ class CompileCallback(Callback):
             cache, while training goes on with the plan before it; the trial then compiles from that
             cache (seconds instead of tens of seconds of stopped training). ``None``: where it can pay
             (one process on a CUDA device, Inductor by name, its FX-graph cache on); ``True``: wherever
-            one process runs (CPU too); ``False``: off. The child needs a copy of the step's memory on
+            one process runs (CPU too); ``False``: off. Only ``regions="auto"`` has trials to prepare. The child needs a copy of the step's memory on
             the device and some CPU; every failure falls back to compiling in-process, with the reason
             in the report.
 

@@ -15,7 +15,7 @@ from typing import Any
 from compile_callback import torch_internals
 from compile_callback.churn import ON_RECOMPILE_POLICIES
 from compile_callback.padding import PAD_STRATEGIES
-from compile_callback.regions import BACKENDS_WITH_MODES, MODEL, MODES, CompileOptions, backend_name
+from compile_callback.regions import BACKENDS_WITH_MODES, BACKENDS_WITHOUT_OPTIONS, MODEL, MODES, CompileOptions, backend_name
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")
@@ -110,6 +110,9 @@ class CompileConfig:
             raise ValueError(f"`mode={mode!r}` needs backend='inductor'; got backend={backend!r}.")
         if options is not None and not isinstance(options, dict):
             raise ValueError(f"`options` must be a dict of inductor options or None; got {options!r}.")
+        if options and isinstance(backend, str) and backend in BACKENDS_WITHOUT_OPTIONS:
+            raise ValueError(f"`options` are Inductor's and backend={backend!r} drops them; use backend='inductor' "
+                             f"or leave `options` out.")
         if options and mode not in (AUTO, "default"):
             raise ValueError(
                 "`options` and `mode` cannot be given together (torch.compile refuses both); "

@@ -38,6 +38,9 @@ def region_name(module_name: str) -> str:
     return SUBMODULE_PREFIX + module_name if module_name == MODEL else module_name
 
 BACKENDS_WITH_MODES = ("inductor",)
+# torch's own backends that take no options (torch.compile hands ``options`` to a backend as a keyword:
+# these drop it, aot_eager with a logged warning); a backend of the user's may read them.
+BACKENDS_WITHOUT_OPTIONS = ("eager", "aot_eager", "aot_eager_decomp_partition", "cudagraphs")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

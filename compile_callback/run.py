@@ -332,6 +332,9 @@ class CompileRun:
                 self.planner.notes.append(background_off)
         else:
             regions = resolve_regions(module, config.region_names)
+            if config.background_compile:
+                self.notes.append("background compile off: named regions are compiled in place before their first "
+                                  "step, with no trial for a child to prepare (regions='auto' has trials)")
             self.watch = CompileWatch({id(m): r.name for r in regions for m in r.modules}, names)
             self.planner = FixedPlanner(
                 regions, compile_options, baseline_steps=config.eager_baseline_steps, warmup_steps=config.warmup_steps

@@ -19,7 +19,7 @@ from compile_callback import CompileCallback, background
 from compile_callback.background import policy
 from compile_callback.regions import CompileOptions
 from compile_callback.report import render_markdown
-from tests.conftest import FasterCompiled, loader, make_trainer
+from tests.conftest import FasterCompiled, TinyModel, loader, make_trainer
 
 STEPS = 200
 
@@ -500,3 +500,10 @@ class TiedNet(nn.Module):
         self.register_buffer("table", torch.arange(12.0).reshape(3, 4))
         self.register_buffer("row", self.table[1])  # a view of another buffer
         self.conv.weight.note = "kept"
+
+
+def test_named_regions_say_they_have_no_trial_for_a_child(tmp_path):
+    callback = CompileCallback(["blocks.*"], backend="eager", background_compile=True, eager_baseline_steps=2)
+    trainer = make_trainer(tmp_path, [callback], max_steps=6, max_epochs=1, limit_val_batches=0)
+    trainer.fit(TinyModel(), loader(batch_size=8))
+    assert any(n.startswith("background compile off: named regions") for n in callback.last_report["plan"]["notes"])

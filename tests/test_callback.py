@@ -144,6 +144,7 @@ def test_unknown_region_fails_before_training(tmp_path):
         (dict(mode="fast"), r"`mode` must be one of 'auto', 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'; got 'fast'"),
         (dict(mode="reduce-overhead", backend="eager"), r"needs backend='inductor'"),
         (dict(mode="max-autotune", options={"a": 1}), r"`options` and `mode` cannot be given together"),
+        (dict(backend="aot_eager", options={"max_autotune": True}), r"`options` are Inductor's and backend='aot_eager' drops them"),
         (dict(eager_baseline_steps=-1), r"`eager_baseline_steps` must be an integer >= 0; got -1"),
         (dict(warmup_steps=1.5), r"`warmup_steps` must be an integer >= 0; got 1.5"),
         (dict(log_every_n_steps=0), r"`log_every_n_steps` must be an integer >= 1; got 0"),
