@@ -78,7 +78,8 @@ class CompileCallback(Callback):
             samples with ``input_ids``; labels padded with -100, an ``attention_mask`` made or
             extended) and images (padded at the bottom/right) are padded.
         pad_max_buckets: the graph budget of ``pad="auto"``.
-        pad_multiple: padded sizes are multiples of this.
+        pad_multiple: chosen edges (``"auto"``, ``"max"``) and sizes past the largest edge are multiples
+            of this; edges you list are used as given.
         pad_short_batch: ``"keep"`` the short last batch or ``"pad"`` it with masked samples.
         cache_dir: warm restarts: the auto plan is saved here as JSON (keyed by the model's structure,
             torch version, device and these options) and Inductor's compile caches are kept here; a

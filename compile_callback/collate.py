@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from torch.utils.data import default_collate
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 ROLES = ("tokens", "labels", "mask", "image")
 IMAGE_MODES = ("pad", "resize")
+OVERSIZE_MODES = ("raise", "pad")
 SHORT_BATCH_MODES = ("pad", "drop", "keep")
 
 # Roles of the conventional (Hugging Face / torchvision style) keys of dict samples, used when
@@ -539,6 +541,9 @@ class PadCollate:
         multiple: without buckets, lengths and image sides are aligned up to this.
         sequence_buckets: bucket edges for sequence lengths (None: the batch's longest, aligned).
         truncate: cut sequences longer than the largest edge to it instead of raising.
+        oversize: a batch whose longest sequence (or an image side) exceeds the largest edge: ``"raise"``
+            (the error says how to cover it), or ``"pad"`` to its own size aligned up to ``multiple``,
+            one more shape for the compiler, with a warning the first time in each process. Nothing is cut.
         image_mode: ``"pad"`` (zeros at bottom/right) or ``"resize"`` (bilinear, to ``image_size``).
         image_size: fixed ``(H, W)`` every image is padded or resized to.
         image_buckets: bucket edges for H and W alike (``"pad"`` mode, without ``image_size``).
@@ -569,6 +574,7 @@ class PadCollate:
         multiple: int = 8,
         sequence_buckets: Sequence[int] | None = None,
         truncate: bool = False,
+        oversize: str = "raise",
         image_mode: str = "pad",
         image_size: tuple[int, int] | None = None,
         image_buckets: Sequence[int] | None = None,
@@ -595,6 +601,10 @@ class PadCollate:
             raise ValueError(f"`image_mode` must be one of {IMAGE_MODES}; got {image_mode!r}.")
         if short_batch not in SHORT_BATCH_MODES:
             raise ValueError(f"`short_batch` must be one of {SHORT_BATCH_MODES}; got {short_batch!r}.")
+        if oversize not in OVERSIZE_MODES:
+            raise ValueError(f"`oversize` must be one of {OVERSIZE_MODES}; got {oversize!r}.")
+        if oversize == "pad" and truncate:
+            raise ValueError("truncate=True cuts what exceeds the largest edge and oversize='pad' pads it: give one.")
         if sequence_buckets is not None:
             sequence_buckets = _check_edges("sequence_buckets", sequence_buckets)
         elif truncate:
@@ -636,6 +646,8 @@ class PadCollate:
         self.multiple = multiple
         self.sequence_buckets = sequence_buckets
         self.truncate = truncate
+        self.oversize = oversize
+        self._warned_oversize = False
         self.image_mode = image_mode
         self.image_size = image_size
         self.image_buckets = image_buckets
@@ -656,6 +668,7 @@ class PadCollate:
             "image_buckets": list(self.image_buckets) if self.image_buckets else None,
             "batch_size": self.batch_size,
             "short_batch": self.short_batch,
+            "oversize": self.oversize if self.oversize != "raise" else None,
         }
         shown = ", ".join(f"{key}={value!r}" for key, value in options.items() if value is not None)
         return f"PadCollate({inner}, {shown})"
@@ -746,7 +759,7 @@ class PadCollate:
             return max(self.multiple, _align_up(longest, self.multiple))
         if self.truncate and longest > self.sequence_buckets[-1]:
             return self.sequence_buckets[-1]
-        return bucket_for(longest, self.sequence_buckets)
+        return self._bucket(longest, self.sequence_buckets, "sequence length")
 
     def _image_size(self, height: int, width: int) -> tuple[int, int]:
         if self.image_size is not None:
@@ -757,8 +770,21 @@ class PadCollate:
                 )
             return self.image_size
         if self.image_buckets is not None:
-            return bucket_for(height, self.image_buckets), bucket_for(width, self.image_buckets)
+            return (self._bucket(height, self.image_buckets, "image height"),
+                    self._bucket(width, self.image_buckets, "image width"))
         return max(self.multiple, _align_up(height, self.multiple)), max(self.multiple, _align_up(width, self.multiple))
+
+    def _bucket(self, size: int, edges: Sequence[int], what: str) -> int:
+        """The edge that holds ``size``; past the largest, as ``oversize`` says."""
+        if size <= edges[-1] or self.oversize == "raise":
+            return bucket_for(size, edges)
+        padded = _align_up(size, self.multiple)
+        if not self._warned_oversize:
+            self._warned_oversize = True
+            warnings.warn(f"a batch's {what} {size} exceeds the largest bucket edge {edges[-1]}: padded to {padded}, "
+                          f"one more shape for the compiler (a recompile). Give edges that cover it (pad=[..., "
+                          f"{padded}]) to keep the graphs to the buckets'.", stacklevel=2)
+        return padded
 
     # -- padding ------------------------------------------------------------------------------------
 

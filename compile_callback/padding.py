@@ -54,7 +54,7 @@ class PaddingPlan:
         self.target = target
         self.census_size = len(census)
         if isinstance(self.strategy, list):
-            self.edges = sorted(int(e) for e in self.strategy)
+            self.edges = sorted({int(e) for e in self.strategy})  # a repeated edge is one bucket
         elif self.strategy == "max":
             self.edges = choose_buckets(census, max_buckets=1, multiple=self.multiple)
         else:
@@ -68,8 +68,11 @@ class PaddingPlan:
 
     def collate(self, inner: Callable[[list[Any]], Any] | None, batch_size: int | None) -> PadCollate:
         assert self.edges is not None, "choose() the edges first"
+        # A size past the largest edge (a sample the census did not read, in a dataset of more than
+        # CENSUS_SAMPLES) is padded to its own aligned size, not lost nor a failed fit.
         common = dict(
-            multiple=1,
+            multiple=self.multiple,
+            oversize="pad",
             batch_size=batch_size,
             short_batch=self.short_batch if batch_size else "keep",
         )

@@ -1001,6 +1001,13 @@ MUTATIONS = [
         tests=("tests/test_padding.py::test_padding_from_the_first_batch_compiles_one_static_graph_per_bucket",),
     ),
     Mutation(
+        name="the plan's collate raises on a size past its edges (a sample the census did not read fails the fit)",
+        path="compile_callback/padding.py",
+        old='            oversize="pad",\n',
+        new='',
+        tests=("tests/test_padding.py::test_a_size_the_census_did_not_read_is_padded_past_the_edges_not_a_failed_fit",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

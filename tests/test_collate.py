@@ -10,6 +10,7 @@ import pickle
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -128,6 +129,21 @@ def test_truncate_cuts_to_the_largest_edge():
 def test_a_sample_longer_than_the_largest_edge_says_how_to_fix_it():
     with pytest.raises(ValueError, match=r"size 11 is larger than the largest bucket edge 8.*truncate=True"):
         PadCollate(sequence_buckets=[4, 8])([token_sample(11)])
+
+
+def test_oversize_pad_pads_past_the_largest_edge_to_an_aligned_size_and_warns_once():
+    collate = PadCollate(sequence_buckets=[4, 8], multiple=8, oversize="pad")
+    with pytest.warns(UserWarning, match=r"sequence length 11 exceeds the largest bucket edge 8: padded to 16"):
+        batch = collate([token_sample(11), token_sample(2)])
+    assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"].sum(dim=1).tolist() == [11, 2]
+    assert batch["input_ids"][0, :11].tolist() == list(range(1, 12))  # nothing cut
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a process: the next oversize batch pads quietly
+        assert collate([token_sample(20)])["input_ids"].shape == (1, 24)
+        assert collate([token_sample(3)])["input_ids"].shape == (1, 4)
+    images = PadCollate(fields="image", image_buckets=[4, 8], multiple=8, oversize="pad")
+    with pytest.warns(UserWarning, match=r"image height 9 exceeds the largest bucket edge 8: padded to 16"):
+        assert images([torch.ones(3, 9, 5)]).shape == (1, 3, 16, 8)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -403,6 +419,8 @@ def test_measure_feeds_a_census():
         ({"fields": {"x": "pixels"}}, r"`fields` roles must be one of .*; got 'pixels'"),
         ({"fields": 3}, r"`fields` must be a role string, a dict"),
         ({"truncate": True}, r"truncate=True .* no buckets were given"),
+        ({"oversize": "cut"}, r"`oversize` must be one of \('raise', 'pad'\); got 'cut'"),
+        ({"oversize": "pad", "truncate": True, "sequence_buckets": [8]}, r"truncate=True cuts .* oversize='pad' pads it"),
         ({"sequence_buckets": []}, r"`sequence_buckets` must name at least one bucket edge"),
         ({"multiple": 0}, r"`multiple` must be an integer >= 1; got 0"),
         ({"batch_size": 0}, r"`batch_size` must be an integer >= 1; got 0"),

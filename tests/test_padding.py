@@ -276,6 +276,8 @@ def test_census_and_edges_minimize_padding():
     plan = PaddingPlan("auto", max_buckets=2, multiple=8)
     assert plan.choose(census, target) == [16, 32]
     assert PaddingPlan("max", multiple=8).choose(census, target) == [32]
+    repeated = PaddingPlan([64, 32, 64])
+    assert repeated.choose(census, target) == [32, 64] and repeated.shapes() == 2  # your edges as given, once each
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -287,3 +289,15 @@ def test_census_and_edges_minimize_padding():
 def test_bad_pad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CompileCallback(**kwargs)
+
+
+def test_a_size_the_census_did_not_read_is_padded_past_the_edges_not_a_failed_fit():
+    """A dataset of more than CENSUS_SAMPLES is read at an even spread: a longer sample between the ones read
+    exceeds every edge. The plan's collate pads it to its own aligned length (one more shape), with a warning."""
+    plan = PaddingPlan("max", multiple=8)
+    census, target = census_from_dataset(VarLenDataset([8, 40, 8, 8]), limit=2)  # reads samples 0 and 2
+    assert plan.choose(census, target) == [8]
+    collate = plan.collate(None, batch_size=2)
+    with pytest.warns(UserWarning, match=r"sequence length 40 exceeds the largest bucket edge 8: padded to 40"):
+        batch = collate([VarLenDataset([40])[0], VarLenDataset([8])[0]])
+    assert batch["input_ids"].shape == (2, 40)
