@@ -199,13 +199,19 @@ class CompileConfig:
             dynamic=self.dynamic, options=self.options,
         )
 
-    def cache_options(self, pad: str | list[int] | None) -> dict[str, Any]:
-        """What a cached plan's key holds beside the model: a plan measured under other options is not reused.
-        ``pad`` is the fit's (the churn policy may have turned padding on)."""
+    def plan_options(self) -> dict[str, Any]:
+        """The arguments a plan is chosen under: a checkpoint's plan chosen under others is chosen again."""
         return {
             "regions": self.given("regions"),
             "backend": backend_name(self.backend), "mode": self.mode, "fullgraph": self.fullgraph,
             "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
+        }
+
+    def cache_options(self, pad: str | list[int] | None) -> dict[str, Any]:
+        """What a cached plan's key holds beside the model: a plan measured under other options is not reused.
+        ``pad`` is the fit's (the churn policy may have turned padding on)."""
+        return {
+            **self.plan_options(),
             # Padding changes the shapes the plan was measured on (and makes regions static).
             "pad": pad, "pad_max_buckets": self.pad_max_buckets,
             "pad_multiple": self.pad_multiple,

@@ -1401,8 +1401,12 @@ class AutoPlanner(_CompilesRegions):
             region = Region(item["name"], list(item["modules"]), modules)
             self.watch.add_region(region)
             options = dataclasses.replace(self.options, mode=item.get("mode"))
-            if "options" in item:  # CUDA graphs beside the user's options are in them; older plans: this run's
+            if "options" in item:  # CUDA graphs beside the user's options are in them
                 options = dataclasses.replace(options, options=item["options"])
+            elif options.mode not in (None, "default") and options.options:  # a plan saved before they were kept:
+                # its mode as options beside this run's (torch.compile takes no mode beside options)
+                options = dataclasses.replace(options, mode=None, options={
+                    **options.options, **torch_internals.mode_options(options.mode)})
             if "dynamic" in item:  # plans saved before it was kept compile with the options of this run
                 options = dataclasses.replace(options, dynamic=item["dynamic"])
             compile_region(region, options, on_error=self._failed)

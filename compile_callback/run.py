@@ -359,9 +359,15 @@ class CompileRun:
         if reference:  # resumed: the eager reference of graph coverage was sampled before the checkpoint
             self.anatomy_ops.eager = StepOps(**reference)
         self.watch.load_state_dict(state.get("watch", {}))
-        self.planner.load_state_dict(state.get("planner", {}))
         self.batch_index = int(state.get("batch_index", 0))
         self._add_saved_eager(state.get("eager_by_shape", []))
+        saved, now = state.get("plan_options"), self.config.plan_options()
+        if saved is not None and saved != now:  # the plan and its prices were made under other arguments
+            changed = ", ".join(sorted(key for key in set(saved) | set(now) if saved.get(key) != now.get(key)))
+            self.notes.append(f"the checkpoint's compile plan was chosen with other arguments ({changed}): "
+                              f"chosen again in this fit")
+            return
+        self.planner.load_state_dict(state.get("planner", {}))
         self.repricer.load_state_dict(state.get("repricer", {}))
 
     def _load_cached_plan(self, module: nn.Module, device: torch.device) -> None:
@@ -1119,6 +1125,7 @@ class CompileRun:
             "version": 1,
             "batch_index": self.batch_index,
             "planner": self.planner.state_dict(),
+            "plan_options": self.config.plan_options(),
             "watch": self.watch.state_dict(),
             "anatomy_reference": self.anatomy_ops.eager.as_dict() if self.anatomy_ops.eager else None,
             # The eager median of each batch shape, so that a resumed run prices its steps shape by shape too.

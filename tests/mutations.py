@@ -1008,6 +1008,20 @@ MUTATIONS = [
         tests=("tests/test_padding.py::test_a_size_the_census_did_not_read_is_padded_past_the_edges_not_a_failed_fit",),
     ),
     Mutation(
+        name="a checkpoint's plan chosen under other arguments is applied on resume",
+        path="compile_callback/run.py",
+        old="        if saved is not None and saved != now:",
+        new="        if False:",
+        tests=("tests/test_resume.py::test_a_plan_chosen_under_other_arguments_is_chosen_again_on_resume",),
+    ),
+    Mutation(
+        name="an old plan's mode is compiled beside the run's options (torch.compile refuses both)",
+        path="compile_callback/planner.py",
+        old='            elif options.mode not in (None, "default") and options.options:',
+        new="            elif False:",
+        tests=("tests/test_resume.py::test_a_mode_saved_before_plans_kept_their_options_compiles_as_options_beside_the_runs",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

@@ -50,6 +50,41 @@ def test_resume_compiles_the_saved_plan_without_new_trials(tmp_path):
     assert second.last_report["summary"]["batches"] == 3 * 12
 
 
+def test_a_plan_chosen_under_other_arguments_is_chosen_again_on_resume(tmp_path):
+    """Resumed with another ``min_speedup`` (or backend, mode, options...), the checkpoint's plan is not what was
+    asked for: the fit says so and runs its own trials (batches and recompile counts carry on)."""
+    first = auto_callback()
+    trainer = make_trainer(tmp_path, [first], max_epochs=2, enable_checkpointing=True)
+    trainer.fit(FasterCompiled(), loader(batch_size=8))
+    path = trainer.checkpoint_callback.best_model_path
+    torch._dynamo.reset()
+    second = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=2,
+                             log_every_n_steps=4, min_speedup=1.5)
+    trainer = make_trainer(tmp_path, [second], max_epochs=4, enable_checkpointing=True)
+    trainer.fit(FasterCompiled(), loader(batch_size=8), ckpt_path=path)
+    report = second.last_report
+    assert "the checkpoint's compile plan was chosen with other arguments (min_speedup): chosen again in this fit" in (
+        report["plan"]["notes"]), report["plan"]["notes"]
+    assert second.run.timer.count("eager") > 0 and [d["step"] for d in report["decisions"]] != [
+        d["step"] for d in first.last_report["decisions"]], report["decisions"]  # its own trials, later in the run
+    assert report["summary"]["batches"] == 4 * 12
+
+
+def test_a_mode_saved_before_plans_kept_their_options_compiles_as_options_beside_the_runs():
+    """A plan saved before each region's options were kept (mode only), resumed with Inductor ``options``: its
+    mode's options join the run's (torch.compile takes no mode beside options)."""
+    from compile_callback.regions import CompileOptions
+    from tests.test_mode_trial import Model, make_planner
+
+    x = torch.randn(4, 8)
+    planner = make_planner(Model(), x, trial_ms=1.0)
+    planner.options, planner.regions = CompileOptions(backend="inductor", options={"epilogue_fusion": True}), []
+    planner._apply_saved_plan([{"name": "head", "modules": ["head"], "mode": "reduce-overhead", "dynamic": None}])
+    (region,) = planner.regions
+    assert region.compiled_with.mode is None
+    assert region.compiled_with.options == {"epilogue_fusion": True, "triton.cudagraphs": True}
+
+
 def test_one_callback_through_two_fits_decides_alike_in_each(tmp_path):
     """A notebook or a sweep reuses the callback: the second fit of a new model takes its own eager
     baseline and decides at the same batch, with nothing carried over (batches, notes, churn)."""
