@@ -291,6 +291,11 @@ def _set_aside(regions: list[Region]) -> list[tuple[nn.Module, Any]]:
     return saved
 
 
+def _inside(part: Region, whole: Region) -> bool:
+    """Whether every module of ``part`` lies inside ``whole``'s (the root, ``""``, holds every one)."""
+    return all(any(w == "" or n == w or n.startswith(w + ".") for w in whole.module_names) for n in part.module_names)
+
+
 def _put_back(saved: list[tuple[nn.Module, Any]]) -> None:
     for module, call in saved:
         torch_internals.restore_compiled_call(module, call)
@@ -312,6 +317,9 @@ def candidate_regions(root: nn.Module) -> dict[str, list[str]]:
             regions[region_name(name)] = [name]
     return regions
 MIN_SHARE = 0.05  # submodules under 5% of the eager forward are not worth a compile of their own
+# Where training_step does not call the LightningModule's forward, a top-level child taking at least this share
+# of the modules' forward time (``self.model`` of the usual Hugging Face / timm wrapper) is the whole model.
+WHOLE_STEP_SHARE = 0.9
 
 
 @dataclasses.dataclass
@@ -324,6 +332,7 @@ class Candidate:
     mode: str | None = None
     cold: bool = False  # too small a share (on this rank's timings) to be worth a compile of its own
     units: int = 0  # its size for compile cost (payback.compile_units)
+    whole: bool = False  # the whole model: the LightningModule's forward, or the child that holds the step
 
     @property
     def name(self) -> str:
@@ -332,7 +341,7 @@ class Candidate:
     @property
     def priced(self) -> Priced:
         """As the payback order prices it."""
-        return Priced(self.name, self.share, self.units, self.name == MODEL)
+        return Priced(self.name, self.share, self.units, self.whole)
 
 
 class AutoPlanner(_CompilesRegions):
@@ -527,7 +536,7 @@ class AutoPlanner(_CompilesRegions):
         trials = 0
         self._all_candidates = self._candidates(candidates)
         plan = self._order(self._all_candidates)
-        whole_at = next((i for i, c in enumerate(plan) if c.name == MODEL), None)
+        whole_at = next((i for i, c in enumerate(plan) if c.whole), None)
         if self._graphs_first() and whole_at is not None:
             # A launch-bound step gains most from CUDA graphs, which need the whole step in few graphs:
             # the whole model is tried with reduce-overhead before it is in default mode.
@@ -537,12 +546,12 @@ class AutoPlanner(_CompilesRegions):
             if trials >= self.max_trials:
                 self.notes.append(f"stopped after max_trials={self.max_trials}")
                 break
-            if any(r.name == MODEL for r in self._kept):
+            if self._whole_kept():
                 break  # the whole model is compiled: its parts (and other modes of it) are not tried
-            if candidate.name == MODEL and whole_skipped:
+            if candidate.whole and whole_skipped:
                 continue  # its other mode costs the same compile: skipped once, said once
             if not self._worth_trying(candidate, current_ms):
-                whole_skipped = whole_skipped or candidate.name == MODEL
+                whole_skipped = whole_skipped or candidate.whole
                 continue
             trials += 1
             kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
@@ -605,7 +614,7 @@ class AutoPlanner(_CompilesRegions):
         control = label + CONTROL
         # The whole model after a kept part (payback.part_first_in_background) replaces it: the part runs
         # eagerly during the trial, and the plan before it (the part compiled) is timed right before it.
-        replaces = list(self._kept) if candidate.name == MODEL else []
+        replaces = [r for r in self._kept if _inside(r, candidate.region)] if candidate.whole else []
         interleaved = not options.cuda_graphs and not replaces
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
@@ -966,7 +975,10 @@ class AutoPlanner(_CompilesRegions):
     def _candidates(self, modules: dict[str, nn.Module]) -> list[Candidate]:
         assert self.profiler is not None
         forward = self.profiler.forward_ms()
-        total = forward.get("") or sum(v for k, v in forward.items() if k and "." not in k) or 1e-9
+        # Without the root's forward, the modules training_step called: those seen with no profiled module around them.
+        seen = self.profiler.seen
+        outer = [n for n in seen if n and not any(n.startswith(o + ".") for o in seen if o and o != n)]
+        total = forward.get("") or sum(forward.get(n, 0.0) for n in outer) or 1e-9
         named = dict(self.root.named_modules())
         regions = candidate_regions(self.root)
         candidates: list[Candidate] = []
@@ -974,9 +986,15 @@ class AutoPlanner(_CompilesRegions):
             # Under DDP the strategy's rerouted call of training_step runs eagerly and the model's own
             # forward inside it compiled (torch_internals.eager_while_rerouted).
             candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0,
-                                        units=compile_units([self.root], repeated=False)))
-        else:
-            self.notes.append("whole model not tried: training_step does not call the LightningModule's forward")
+                                        units=compile_units([self.root], repeated=False), whole=True))
+        holder = None if "" in self.profiler.seen else self._step_holder(forward, total)
+        if holder is not None:  # the whole model's stand-in, a candidate even where it holds repeated blocks
+            regions = {region_name(holder): [holder], **{r: m for r, m in regions.items() if m != [holder]}}
+            self.notes.append(f"training_step does not call the LightningModule's forward: `{region_name(holder)}`, "
+                              f"{forward[holder] / total:.0%} of its modules' forward time, is tried as the whole model")
+        elif "" not in self.profiler.seen:
+            self.notes.append("whole model not tried: training_step does not call the LightningModule's forward, "
+                              "and no one submodule holds its step (name the module it calls in regions=[...])")
         for region, members in regions.items():
             if region == MODEL:
                 continue
@@ -984,7 +1002,8 @@ class AutoPlanner(_CompilesRegions):
             modules = [named[n] for n in members]
             candidate = Candidate(Region(region, members, modules), ms, ms / total,
                                   units=compile_units(modules, repeated="*" in region))
-            if "*" not in region:  # a top-level child: worth a compile of its own only when hot
+            candidate.whole = members == [holder]
+            if "*" not in region and not candidate.whole:  # a top-level child: worth a compile of its own only when hot
                 child = named[members[0]]
                 has_params = any(p.requires_grad for p in child.parameters())
                 candidate.cold = not (
@@ -992,6 +1011,22 @@ class AutoPlanner(_CompilesRegions):
                 )
             candidates.append(candidate)
         return candidates
+
+    def _whole_kept(self) -> bool:
+        """Whether the whole model (or the child standing for it, :meth:`_step_holder`) is kept."""
+        whole = {c.name for c in self._all_candidates if c.whole}
+        return any(r.name in whole for r in self._kept)
+
+    def _step_holder(self, forward: dict[str, float], total: float) -> str | None:
+        """The top-level child that holds the training step where the LightningModule's forward is not called:
+        seen running, with parameters, and at least :data:`WHOLE_STEP_SHARE` of the forward time of the modules
+        training_step called (``total``)."""
+        assert self.profiler is not None
+        for name, child in self.root.named_children():
+            if (name in self.profiler.seen and forward.get(name, 0.0) >= WHOLE_STEP_SHARE * total
+                    and any(p.requires_grad for p in child.parameters())):
+                return name
+        return None
 
     def _order(self, candidates: list[Candidate]) -> list[Candidate]:
         """Whole model first, then the hot parts by share, unless the batches left cannot repay the
@@ -1168,10 +1203,10 @@ class AutoPlanner(_CompilesRegions):
         with graphs 2.12x, kept."""
         if not self._graphs_first() or any(d.mode == "reduce-overhead" for d in self.decisions):
             return None
-        if any(r.name == MODEL for r in self._kept):
+        if self._whole_kept():
             return None  # the whole model is compiled: its parts are not tried (as in the search)
         tried = {d.region for d in self.decisions if d.mode == "default" and d.step_ms is not None}
-        pool = [c for c in self._all_candidates if c.name in tried and c.name != MODEL]
+        pool = [c for c in self._all_candidates if c.name in tried and not c.whole]
         # Rank 0's: shares (and a trial's timings) differ by rank, the region must not.
         name = self.agree(max(pool, key=lambda c: c.share).name if pool else None)
         largest = next((c for c in self._all_candidates if c.name == name), None)

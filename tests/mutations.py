@@ -1022,6 +1022,20 @@ MUTATIONS = [
         tests=("tests/test_resume.py::test_a_mode_saved_before_plans_kept_their_options_compiles_as_options_beside_the_runs",),
     ),
     Mutation(
+        name="no stand-in for the whole model where training_step calls self.model itself",
+        path="compile_callback/planner.py",
+        old='        holder = None if "" in self.profiler.seen else self._step_holder(forward, total)\n',
+        new="        holder = None\n",
+        tests=("tests/test_third_party.py::test_where_training_step_calls_self_model_itself_self_model_is_tried_as_the_whole_model",),
+    ),
+    Mutation(
+        name="without the root's forward, shares are of the top-level children only (a small head holds the step)",
+        path="compile_callback/planner.py",
+        old='        total = forward.get("") or sum(forward.get(n, 0.0) for n in outer) or 1e-9\n',
+        new='        total = forward.get("") or sum(v for k, v in forward.items() if k and "." not in k) or 1e-9\n',
+        tests=("tests/benchmarks/test_issueprobe.py::test_the_planner_finds_no_whole_model_to_try_and_tries_the_blocks",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

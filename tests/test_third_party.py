@@ -100,6 +100,24 @@ class ImageClassifier(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class DirectCausalLM(CausalLM):
+    """The other usual wrapper: ``training_step`` calls ``self.model`` itself, the LightningModule has no forward."""
+
+    forward = L.LightningModule.forward
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.model(input_ids=x, labels=y).loss
+
+
+class DirectImageClassifier(ImageClassifier):
+    forward = L.LightningModule.forward
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y)
+
+
 def token_loader(samples: int, batch_size: int = 2) -> DataLoader:
     ids = torch.randint(0, VOCAB, (samples, SEQ), generator=torch.Generator().manual_seed(0))
     return DataLoader(TensorDataset(ids, ids), batch_size=batch_size)  # HF shifts the labels itself
@@ -115,6 +133,12 @@ def module_and_loader(name: str, samples: int):
     if name.startswith("vit"):
         return ImageClassifier(depth=1 if name == "vit_one_block" else 2), image_loader(samples)
     return CausalLM(name), token_loader(samples)
+
+
+def direct_module_and_loader(name: str, samples: int):
+    if name == "vit":
+        return DirectImageClassifier(), image_loader(samples)
+    return DirectCausalLM(name), token_loader(samples)
 
 
 class DynamoRecords:
@@ -178,6 +202,25 @@ def test_auto_plan_tries_the_whole_model_and_counts_like_dynamo(tmp_path, name):
         assert kinds[NO_RESUME_POINT] == dynamo.breaks - dynamo.counted_breaks, kinds
         reasons = [item["reason"] for item in report["graph_break_reasons"]]
         assert any("logging.Logger" in reason and "loss_function" in reason for reason in reasons), reasons
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+def test_where_training_step_calls_self_model_itself_self_model_is_tried_as_the_whole_model(tmp_path, name):
+    """No LightningModule forward: ``self.model``, which holds the step (and its repeated blocks), is the whole
+    model's candidate, tried first (before: only its blocks were candidates, and HF GPT-2's failed verification)."""
+    module, data = direct_module_and_loader(name, samples=2 * 24)
+    callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1,
+                               anatomy=False)
+    trainer = make_trainer(tmp_path, [callback], max_steps=24, logger=False)
+    with DynamoRecords() as dynamo:
+        trainer.fit(module, data)
+    report = callback.last_report
+    decisions, notes = report["decisions"], report["plan"]["notes"]
+    assert decisions and decisions[0]["region"] == "self.model" and decisions[0]["modules"] == ["model"], (decisions, notes)
+    assert decisions[0]["speedup"] is not None and decisions[0]["max_rel_error"] is not None  # timed, verified
+    assert any(n.startswith("training_step does not call the LightningModule's forward: `self.model`") for n in notes), notes
+    assert trainer.global_step == 24 and report["summary"]["batches"] == 24
+    assert_counts_are_dynamos(callback, report, dynamo)
 
 
 def test_resume_keeps_plain_state_dict_keys(tmp_path):

@@ -31,7 +31,9 @@ def test_the_planner_finds_no_whole_model_to_try_and_tries_the_blocks(tmp_path):
     trainer = make_trainer(tmp_path, [callback], max_steps=30, limit_val_batches=0, logger=False)
     trainer.fit(tiny(), pool_loader([batch(seed) for seed in range(4)], 30))
     report = callback.last_report
-    assert "whole model not tried: training_step does not call the LightningModule's forward" in report["plan"]["notes"]
+    notes = report["plan"]["notes"]
+    assert any(n.startswith("whole model not tried: training_step does not call the LightningModule's forward, and no "
+                            "one submodule holds its step") for n in notes), notes  # lm_head, the only child it calls, is small
     assert [d["region"] for d in report["decisions"]][:1] == ["transformer.h.*"], report["decisions"]
 
 
