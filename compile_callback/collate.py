@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.utils.data import default_collate
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
-ROLES = ("tokens", "labels", "mask", "image")
+ROLES = ("tokens", "labels", "mask", "segments", "image")
 IMAGE_MODES = ("pad", "resize")
 OVERSIZE_MODES = ("raise", "pad")
 SHORT_BATCH_MODES = ("pad", "drop", "keep")
@@ -52,6 +52,7 @@ DEFAULT_DICT_FIELDS: dict[str, str] = {
     "labels": "labels",
     "label": "labels",
     "attention_mask": "mask",
+    "token_type_ids": "segments",
     "pixel_values": "image",
     "image": "image",
 }
@@ -511,6 +512,8 @@ class PadCollate:
     - ``"mask"``: an attention mask, extended with 0s. On dict samples with a ``"tokens"`` field and no
       mask, one is produced under ``mask_field`` (1 for real tokens, 0 for padding, int64).
       Tuple samples get no new position (that would change how batches unpack).
+    - ``"segments"``: another 1-D per-token field (BERT's ``token_type_ids``), extended with 0s; not read
+      to count padding.
     - ``"image"``: a tensor ``(..., H, W)``, padded with zeros at the bottom/right or resized.
 
     Other fields pass through unchanged. All sequence fields of a batch are padded to one length:
@@ -685,7 +688,7 @@ class PadCollate:
         for key, role in layout:
             value = _get(sample, key)
             name = "the sample" if key is None else f"field {key!r}"
-            if role in ("tokens", "mask"):
+            if role in ("tokens", "mask", "segments"):
                 if not isinstance(value, torch.Tensor) or value.dim() != 1:
                     raise ValueError(
                         f"{name} (role {role!r}) must be a 1-D tensor per sample; got {_describe(value)}. "
@@ -729,7 +732,8 @@ class PadCollate:
 
     @staticmethod
     def _is_sequence(value: Any, role: str) -> bool:
-        return role in ("tokens", "mask") or (role == "labels" and isinstance(value, torch.Tensor) and value.dim() == 1)
+        return role in ("tokens", "mask", "segments") or (
+            role == "labels" and isinstance(value, torch.Tensor) and value.dim() == 1)
 
     def measure(self, sample: Any) -> dict[str, int]:
         """Sizes of one sample as this collate sees them, for a :class:`ShapeCensus`.
@@ -855,7 +859,7 @@ class PadCollate:
             return torch.full_like(value, self.label_pad_id) if isinstance(value, torch.Tensor) else self.label_pad_id
         if role == "tokens":
             return torch.full_like(value, self.pad_id)
-        return torch.zeros_like(value)  # masks, pixel masks, images
+        return torch.zeros_like(value)  # masks, segments, pixel masks, images
 
     # Long on purpose: the checks on a batch come before any padding, so a bad sample costs no work.
     def __call__(self, samples: list[Any]) -> Any:

@@ -71,6 +71,7 @@ class PaddingPlan:
         # A size past the largest edge (a sample the census did not read, in a dataset of more than
         # CENSUS_SAMPLES) is padded to its own aligned size, not lost nor a failed fit.
         common = dict(
+            pad_id=tokenizer_pad_id(inner),
             multiple=self.multiple,
             oversize="pad",
             batch_size=batch_size,
@@ -79,6 +80,14 @@ class PaddingPlan:
         if self.target == "image":
             return PadCollate(inner, image_buckets=self.edges, **common)
         return PadCollate(inner, sequence_buckets=self.edges, **common)
+
+
+def tokenizer_pad_id(inner: Any) -> int:
+    """The pad id of the tokenizer the loader's own collate pads with (a Hugging Face data collator's
+    ``tokenizer``), else 0. Tokens must be padded with it: the collate after ours builds labels and masks
+    from the ids (``DataCollatorForLanguageModeling`` sets labels to -100 only where ids are the pad id)."""
+    pad = getattr(getattr(inner, "tokenizer", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) else 0
 
 
 def census_from_dataset(dataset: Any, *, limit: int = CENSUS_SAMPLES) -> tuple[ShapeCensus, str]:

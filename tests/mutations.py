@@ -1036,6 +1036,20 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_issueprobe.py::test_the_planner_finds_no_whole_model_to_try_and_tries_the_blocks",),
     ),
     Mutation(
+        name="token_type_ids left unpadded (BERT samples fail to collate)",
+        path="compile_callback/collate.py",
+        old='    "token_type_ids": "segments",\n',
+        new="",
+        tests=("tests/test_third_party.py::test_bert_samples_with_token_type_ids_are_padded_alike",),
+    ),
+    Mutation(
+        name="tokens padded with 0 before a HF collator whose tokenizer pads with another id",
+        path="compile_callback/padding.py",
+        old="            pad_id=tokenizer_pad_id(inner),\n",
+        new="",
+        tests=("tests/test_third_party.py::test_padding_before_a_hf_language_modeling_collator_pads_with_its_tokenizers_pad_id",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

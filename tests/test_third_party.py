@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from compile_callback import CompileCallback
 from compile_callback.regions import MODEL
+from compile_callback.padding import PaddingPlan
 from compile_callback.watch import AT_CALL, NO_RESUME_POINT
 from tests.conftest import make_trainer
 
@@ -303,3 +304,42 @@ def test_pad_auto_buckets_hf_token_batches(tmp_path):
     assert all(r["epoch"] == 0 for r in report["recompiles"])  # the buckets' graphs are made in epoch 0
     assert dynamo.guard_failures > 0  # the second bucket recompiles: a count to compare
     assert_counts_are_dynamos(callback, report, dynamo)
+
+
+def tiny_tokenizer(tmp_path, pad_token: str) -> transformers.PreTrainedTokenizerBase:
+    """A real Hugging Face tokenizer from a vocabulary file, its pad token set as GPT-2/Llama users set it (not id 0)."""
+    vocab = ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "[PAD]"] + [f"w{i}" for i in range(VOCAB - 5)]
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(vocab))
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(path))
+    tokenizer.pad_token = pad_token
+    return tokenizer
+
+
+def test_padding_before_a_hf_language_modeling_collator_pads_with_its_tokenizers_pad_id(tmp_path):
+    """``DataCollatorForLanguageModeling(mlm=False)`` builds labels from the ids and masks only its tokenizer's pad
+    id: the padding put before it must pad with that id, or the loss trains on padding (found with a pad id of 3)."""
+    tokenizer = tiny_tokenizer(tmp_path, "[SEP]")
+    assert tokenizer.pad_token_id not in (None, 0)
+    plan = PaddingPlan([16])
+    plan.target, plan.edges = "sequence", [16]
+    collate = plan.collate(transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False), batch_size=2)
+    samples = [{"input_ids": torch.arange(5, 5 + n)} for n in (5, 9)]
+    batch = collate(samples)
+    assert batch["input_ids"].shape == (2, 16)
+    assert (batch["labels"] != -100).sum(dim=1).tolist() == [5, 9]  # only the real tokens are targets
+    assert batch["attention_mask"].sum(dim=1).tolist() == [5, 9]
+
+
+def test_bert_samples_with_token_type_ids_are_padded_alike(tmp_path):
+    """``token_type_ids`` are padded with the ids (with 0s): left as they were, the batch's tensors differ in
+    length and collating them fails the fit at its first batch."""
+    tokenizer = tiny_tokenizer(tmp_path, "[PAD]")
+    samples = [{k: torch.tensor(v) for k, v in tokenizer(text).items()} for text in ("w1 w2", "w3 w4 w5 w6 w7")]
+    assert {"input_ids", "token_type_ids", "attention_mask"} <= set(samples[0])
+    plan = PaddingPlan([8])
+    plan.target, plan.edges = "sequence", [8]
+    for inner in (None, transformers.DataCollatorWithPadding(tokenizer)):
+        batch = plan.collate(inner, batch_size=2)(samples)
+        assert batch["input_ids"].shape == batch["token_type_ids"].shape == batch["attention_mask"].shape == (2, 8)
+        assert batch["token_type_ids"].sum() == 0 and batch["input_ids"][0, 4:].tolist() == [tokenizer.pad_token_id] * 4
