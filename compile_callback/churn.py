@@ -33,7 +33,7 @@ class ChurnAction:
     why: str  # "recompiled after the first epoch", "5 recompiles in epoch 0 (limit 4)", "hit the recompile limit"
 
     def message(self) -> str:
-        return f"`{self.region}` recompiles: {self.cause} ({self.why}). Fix: {fix_for(self.kind)}"
+        return f"`{self.region}` recompiles: {self.cause} ({self.why}). Fix: {fix_for(self.kind, self.cause)}"
 
 
 def remedies(action: ChurnAction, *, padding_possible: bool) -> tuple[str, ...]:
@@ -58,7 +58,17 @@ def not_padded(action: ChurnAction, pad: Any, *, padding_failed: bool = False) -
     return "no training dataloader"
 
 
-def fix_for(kind: str) -> str:
+# Where a Hugging Face model's key/value cache is read: a cache built while training guards each layer apart.
+HF_CACHE_SOURCE = "transformers/cache_utils.py"
+HF_CACHE_FIX = ("a Hugging Face model builds its key/value cache while training, and the compiled blocks guard "
+                "on each layer's entry (a graph per layer): training needs no cache, so set "
+                "model.config.use_cache = False (or pass use_cache=False to its forward).")
+
+
+def fix_for(kind: str, cause: str = "") -> str:
+    """What to change for recompiles of ``kind``; ``cause``, the guard failure's text, may name a better fix."""
+    if HF_CACHE_SOURCE in cause:
+        return HF_CACHE_FIX
     if kind == SHAPE:
         return (
             "pad that dimension to a few fixed sizes (CompileCallback(pad='auto')), or compile the region "

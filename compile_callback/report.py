@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from compile_callback.churn import HF_CACHE_FIX, HF_CACHE_SOURCE
+from compile_callback.regions import MODEL
 from compile_callback.watch import is_twin
 
 REPORT_FILE = "compile_report.json"
@@ -337,7 +339,13 @@ def build_suggestions(
         suggestions.append(f"The compiled step holds {plan_gb:.1f} GB against {eager_gb:.1f} GB eager (at the "
                            f"forward/backward boundary): a larger batch may fit.")
     for region in compiled_regions:
-        if region.is_compiled and not regions.get(region.name, {}).get("graphs"):
+        if region.is_compiled and region.name == MODEL and not regions.get(region.name, {}).get("graphs"):
+            suggestions.append(
+                f"`{MODEL}` (the LightningModule's forward) is compiled but dynamo made no graph for it: most "
+                f"likely training_step does not call forward (self(...)). Name the module it calls "
+                f"(regions=['self.model'] for self.model), or use regions='auto'."
+            )
+        elif region.is_compiled and not regions.get(region.name, {}).get("graphs"):
             suggestions.append(
                 f"`{region.name}` is compiled but dynamo made no graph for it, so it runs eager "
                 f"(torch {torch.__version__} may skip torch.nn's own modules compiled on their own); "
@@ -345,10 +353,10 @@ def build_suggestions(
             )
     for name, stats in regions.items():
         if stats["eager_fallback"]:
-            suggestions.append(
-                f"`{name}` runs eager: {stats['fallback_reason']}. Pad the changing dimension to a few "
-                f"fixed sizes, mark it dynamic (dynamic=True), or stop the Python value from changing."
-            )
+            fix = (HF_CACHE_FIX if HF_CACHE_SOURCE in (stats["fallback_reason"] or "") else
+                   "Pad the changing dimension to a few fixed sizes, mark it dynamic (dynamic=True), or stop the "
+                   "Python value from changing.")
+            suggestions.append(f"`{name}` runs eager: {stats['fallback_reason']}. {fix[0].upper()}{fix[1:]}")
         if stats["graph_breaks"] and not is_twin(name):  # a twin's breaks are its region's, counted again
             suggestions.append(
                 f"`{name}` has {stats['graph_breaks']} graph break(s); each splits the compiled code. "

@@ -366,10 +366,10 @@ class CompileWatch:
                 self.epoch_recompiles[(self.stage, self.epoch)] += 1
             if record.hit_recompile_limit:
                 stats.eager_fallback = True
+                where = f" in {record.code_name} ({record.code_location})" if record.code_name else ""
                 stats.fallback_reason = (
-                    f"hit torch._dynamo.config.recompile_limit ({torch_internals.recompile_limit()}) in "
-                    f"{record.code_name} ({record.code_location}); last guard failure: "
-                    f"{readable_guard_failure(record.recompile_reason or '') or 'unknown'}"
+                    f"hit torch._dynamo.config.recompile_limit ({torch_internals.recompile_limit()}){where}; last "
+                    f"guard failure: {readable_guard_failure(record.recompile_reason or '') or 'unknown'}"
                 )
             elif record.fail_type and record.is_forward:
                 stats.compile_errors.append(f"{record.fail_type}: {torch_internals.first_line(record.fail_reason or '')}")

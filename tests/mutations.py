@@ -1050,6 +1050,20 @@ MUTATIONS = [
         tests=("tests/test_third_party.py::test_padding_before_a_hf_language_modeling_collator_pads_with_its_tokenizers_pad_id",),
     ),
     Mutation(
+        name="recompiles on a HF key/value cache get the generic fix",
+        path="compile_callback/churn.py",
+        old="    if HF_CACHE_SOURCE in cause:\n        return HF_CACHE_FIX\n",
+        new="",
+        tests=("tests/test_third_party.py::test_hf_blocks_recompiling_on_the_kv_cache_are_told_to_turn_the_cache_off",),
+    ),
+    Mutation(
+        name="the root named where training_step does not call forward gets the torch.nn suggestion",
+        path="compile_callback/report.py",
+        old="        if region.is_compiled and region.name == MODEL and not",
+        new="        if False and not",
+        tests=("tests/test_third_party.py::test_the_whole_model_named_where_training_step_does_not_call_forward_is_said_so",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

@@ -343,3 +343,26 @@ def test_bert_samples_with_token_type_ids_are_padded_alike(tmp_path):
         batch = plan.collate(inner, batch_size=2)(samples)
         assert batch["input_ids"].shape == batch["token_type_ids"].shape == batch["attention_mask"].shape == (2, 8)
         assert batch["token_type_ids"].sum() == 0 and batch["input_ids"][0, 4:].tolist() == [tokenizer.pad_token_id] * 4
+
+
+def test_hf_blocks_recompiling_on_the_kv_cache_are_told_to_turn_the_cache_off(tmp_path):
+    """HF GPT-2 builds its key/value cache in training too (use_cache defaults to True): compiled blocks guard on
+    each layer's cache entry, a graph per layer (past 8 layers, dynamo's limit sends the rest to eager). The fix
+    named is the cache's, not a generic one."""
+    callback = CompileCallback(["model.transformer.h.*"], backend="eager", eager_baseline_steps=0, warmup_steps=0,
+                               max_recompiles_per_epoch=0, anatomy=False)
+    trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=False)
+    trainer.fit(DirectCausalLM(), token_loader(8))
+    report = callback.last_report
+    churn = [n for n in report["plan"]["notes"] if "recompiles:" in n]
+    assert churn and all("cache_utils.py" in n and "model.config.use_cache = False" in n for n in churn), report["plan"]["notes"]
+
+
+def test_the_whole_model_named_where_training_step_does_not_call_forward_is_said_so(tmp_path):
+    callback = CompileCallback("model", backend="eager", eager_baseline_steps=0, warmup_steps=0, anatomy=False)
+    trainer = make_trainer(tmp_path, [callback], max_steps=4, logger=False)
+    trainer.fit(DirectCausalLM(), token_loader(8))
+    report = callback.last_report
+    assert report["summary"]["graphs"] == 0
+    assert any("training_step does not call forward" in s and "regions=['self.model']" in s
+               for s in report["suggestions"]), report["suggestions"]
