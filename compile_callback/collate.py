@@ -347,6 +347,8 @@ def _resolve_fields(container: Any, fields: Fields | None, *, what: str) -> list
             )
         return list(fields.items())
     if isinstance(container, (tuple, list)):
+        if fields is None and _is_image_and_label(container, batch=what == "batch"):
+            return [(0, "image"), (1, "labels")]  # torchvision's and timm's (image, class) pairs
         if fields is None or isinstance(fields, str):
             raise ValueError(
                 f"{what} is a {type(container).__name__} of {len(container)} items, so PadCollate needs "
@@ -372,6 +374,18 @@ def _resolve_fields(container: Any, fields: Fields | None, *, what: str) -> list
         f"PadCollate pads dicts, tuples/lists or tensors; the {what} is a {type(container).__name__}. "
         "Return one of those from the dataset, or pass your own collate_fn."
     )
+
+
+def _is_image_and_label(pair: Sequence[Any], *, batch: bool) -> bool:
+    """Whether ``pair`` is an (image, class label) sample, ``(C, H, W)`` tensor and an int or 0-d tensor, or a
+    batch of them (``batch``): ``(N, C, H, W)`` and ``(N,)``."""
+    if len(pair) != 2 or not isinstance(pair[0], torch.Tensor) or pair[0].dim() != (4 if batch else 3):
+        return False
+    label = pair[1]
+    if batch:
+        return isinstance(label, torch.Tensor) and label.dim() == 1 and not label.is_floating_point()
+    return (isinstance(label, int) and not isinstance(label, bool)) or (
+        isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point())
 
 
 def _get(container: Any, key: FieldKey | None) -> Any:
@@ -516,7 +530,8 @@ class PadCollate:
       to count padding.
     - ``"image"``: a tensor ``(..., H, W)``, padded with zeros at the bottom/right or resized.
 
-    Other fields pass through unchanged. All sequence fields of a batch are padded to one length:
+    Tuple samples need ``fields``, except ``(image, class label)`` pairs (a ``(C, H, W)`` tensor and an int), the
+    torchvision and timm convention, read as ``{0: "image", 1: "labels"}``. Other fields pass through unchanged. All sequence fields of a batch are padded to one length:
     the smallest of ``sequence_buckets`` that holds the batch's longest sequence (without buckets,
     that length aligned up to ``multiple``).
 

@@ -1064,6 +1064,13 @@ MUTATIONS = [
         tests=("tests/test_third_party.py::test_the_whole_model_named_where_training_step_does_not_call_forward_is_said_so",),
     ),
     Mutation(
+        name="(image, label) pairs need fields (padding not applied to torchvision/timm datasets)",
+        path="compile_callback/collate.py",
+        old='        if fields is None and _is_image_and_label(container, batch=what == "batch"):\n',
+        new="        if False:\n",
+        tests=("tests/test_third_party.py::test_pad_takes_timm_image_and_label_pairs_and_fills_the_short_last_batch",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

@@ -432,6 +432,18 @@ def test_pad_collate_option_errors(options, message):
         PadCollate(**options)
 
 
+def test_image_and_class_label_pairs_need_no_fields():
+    """torchvision's and timm's ``(image, label)`` samples: padded and counted with no ``fields``; a float second
+    item (a regression target) or a 1-D first (features) is not read as one."""
+    collate = PadCollate(image_buckets=[8], batch_size=2, short_batch="pad")
+    images, labels = collate([(torch.ones(3, 5, 7), 4)])
+    assert images.shape == (2, 3, 8, 8) and labels.tolist() == [4, -100]  # the filler's label is masked
+    assert float(padding_stats((images, labels)).waste) > 0
+    for sample in ((torch.ones(3, 5, 7), 0.5), (torch.ones(3), 1)):
+        with pytest.raises(ValueError, match=r"so PadCollate needs `fields`"):
+            PadCollate()([sample])
+
+
 def test_sample_errors_say_what_to_pass():
     with pytest.raises(ValueError, match=r"tuple of 2 items, so PadCollate needs `fields`.*fields=\{0: 'tokens'"):
         PadCollate()([(torch.ones(3), 1)])

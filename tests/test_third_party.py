@@ -366,3 +366,27 @@ def test_the_whole_model_named_where_training_step_does_not_call_forward_is_said
     assert report["summary"]["graphs"] == 0
     assert any("training_step does not call forward" in s and "regions=['self.model']" in s
                for s in report["suggestions"]), report["suggestions"]
+
+
+class PaddedImages(DirectImageClassifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes_seen: list[tuple[int, ...]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.shapes_seen.append(tuple(batch[0].shape))
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return image_loader(7, batch_size=2)  # a short last batch of one
+
+
+def test_pad_takes_timm_image_and_label_pairs_and_fills_the_short_last_batch(tmp_path):
+    callback = CompileCallback(["self.model"], backend="eager", eager_baseline_steps=0, warmup_steps=0, pad="auto",
+                               pad_short_batch="pad", anatomy=False)
+    module = PaddedImages()
+    make_trainer(tmp_path, [callback], max_epochs=2, logger=False).fit(module)
+    report = callback.last_report
+    assert report["padding"]["edges"] == [32] and not any("padding not applied" in n for n in report["plan"]["notes"])
+    assert set(module.shapes_seen) == {(2, 3, 32, 32)} and len(module.shapes_seen) == 8
+    assert not [r for r in report["recompiles"] if r["stage"] == "train"], report["recompiles"]
