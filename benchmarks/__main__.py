@@ -9,6 +9,7 @@ One command per workload on the H200 (each fits a 10-minute limit, compiling col
     python -m benchmarks --workload hf_gpt2          # ~4 min (Hugging Face GPT2LMHeadModel 124M, B8 x 1024)
     python -m benchmarks --workload timm_vit         # ~3 min (timm vit_base_patch16_224, B64)
     python -m benchmarks --workload hf_bert_mlm      # HF BertForMaskedLM 110M, B32 x 512 (named runs only)
+    python -m benchmarks --workload hf_gpt2_direct   # hf_gpt2 with training_step calling self.model, no forward (named runs only)
 
     python -m benchmarks --workload hf_gpt2 --memory-cap-gb 14.6   # a smaller card: allocations past 14.6 GiB raise
 
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--workload", choices=(*WORKLOADS, ALL), default=ALL,
-        help="which workload (default: all of them but the product checks (hf_bert_mlm), one after another; on a "
+        help="which workload (default: all of them but the product checks (hf_bert_mlm, hf_gpt2_direct), one after another; on a "
         "GPU run one per command).",
     )
     parser.add_argument(

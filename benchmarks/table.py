@@ -833,7 +833,8 @@ def verdict_record(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str], s
             for key, met in answers.items()}
 
 
-WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "timm_vit", "hf_bert_mlm")
+WORKLOAD_ORDER = ("gpt2", "resnet50", "resnet18_cifar", "gpt2_varlen", "hf_gpt2", "hf_gpt2_direct", "timm_vit",
+                  "hf_bert_mlm")
 
 
 def _workload_rank(workload: str) -> int:

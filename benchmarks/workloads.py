@@ -68,6 +68,8 @@ VARIANTS = {
         "per_block", "eager_end",
     ),
     "hf_gpt2": (*FIXED_VARIANTS, "eager_end"),
+    # hf_gpt2 wrapped with no forward: the callback's own choice (the LightningModule's compile would not run).
+    "hf_gpt2_direct": ("bare_eager", "eager", "callback", "eager_end"),
     "timm_vit": (*FIXED_VARIANTS, "eager_end"),
     # whole_ro_fr (asked for by name): the plan as the callback's verification compiles a model with dropout.
     "hf_bert_mlm": (*FIXED_VARIANTS[:4], "whole_ro_fr", *FIXED_VARIANTS[4:], "eager_end"),
@@ -75,7 +77,7 @@ VARIANTS = {
 WORKLOADS = tuple(VARIANTS)
 # Run only when named (--workload): further third-party models that check the product, beyond
 # BENCHMARKING.md's list; not in `--workload all` or the smoke run (their code paths are hf_gpt2's).
-CHECK_WORKLOADS = ("hf_bert_mlm",)
+CHECK_WORKLOADS = ("hf_bert_mlm", "hf_gpt2_direct")
 ALL_WORKLOADS = tuple(name for name in WORKLOADS if name not in CHECK_WORKLOADS)
 # What --smoke runs (the harness's own test, in `make test`): every variant on at least one workload,
 # and every workload's model through eager, the callback and eager_end. ResNet-50's smoke model is
@@ -92,6 +94,7 @@ SMOKE_VARIANTS = {
         if name not in ("callback_bg", "bare_whole", "bare_whole_ro", "bare_whole_ro_opt_ro")),
     "resnet50": ("eager", "callback", "eager_end"),
     "hf_gpt2": ("eager", "callback", "eager_end"),
+    "hf_gpt2_direct": ("eager", "callback", "eager_end"),
     "timm_vit": ("eager", "callback", "eager_end"),
     "hf_bert_mlm": ("eager", "callback", "eager_end"),
 }
@@ -288,6 +291,22 @@ class WrappedModel(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         fused = next(self.parameters()).device.type == "cuda"
         return torch.optim.AdamW(self.parameters(), lr=self.lr, fused=fused)
+
+
+class DirectWrappedModel(WrappedModel):
+    """:class:`WrappedModel` the other usual way: no ``forward``; ``training_step`` calls ``self.model`` itself
+    (``self.model(input_ids=..., labels=...).loss``), so the LightningModule's forward never runs."""
+
+    forward = nn.Module.forward  # nn.Module's own: raises where called
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return direct_loss(self, batch)
+
+
+def direct_loss(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """:class:`DirectWrappedModel`'s loss, as its ``training_step`` and the plain loop compute it."""
+    x_key, y_key = module.inputs
+    return module.loss(module.model, batch[x_key], batch[y_key])
 
 
 def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -498,7 +517,9 @@ def _gpt_varlen_workload(*, smoke: bool, device: torch.device, seed: int) -> Wor
     )
 
 
-def _hf_gpt2_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+def _hf_gpt2_workload(*, smoke: bool, device: torch.device, seed: int, direct: bool = False) -> Workload:
+    """HF GPT-2 wrapped with ``forward(x, y)`` (``hf_gpt2``) or, ``direct``, with ``training_step`` calling
+    ``self.model`` itself (``hf_gpt2_direct``)."""
     from transformers import GPT2Config, GPT2LMHeadModel  # imported here: only this workload needs it
 
     if smoke:
@@ -517,21 +538,24 @@ def _hf_gpt2_workload(*, smoke: bool, device: torch.device, seed: int) -> Worklo
         batches.append({"input_ids": tokens, "labels": tokens.clone()})
 
     def build_module() -> L.LightningModule:
-        return WrappedModel(GPT2LMHeadModel(config), loss=causal_lm_loss, inputs=("input_ids", "labels"))
+        wrapper = DirectWrappedModel if direct else WrappedModel
+        return wrapper(GPT2LMHeadModel(config), loss=causal_lm_loss, inputs=("input_ids", "labels"))
 
     with torch.device("meta"):  # only the parameter count is needed: no memory, no init
         # HF's GPT-2 has the recipe's layout (`transformer.wpe`, a tied head): the same count applies.
         flops = gpt_flops_per_token(build_module().model, n_layer=config.n_layer, n_embd=config.n_embd, seq_len=seq_len)
+    name = "hf_gpt2_direct" if direct else "hf_gpt2"
     return Workload(
-        name="hf_gpt2",
+        name=name,
         description=(
             f"Hugging Face GPT2LMHeadModel {config.n_layer}x{config.n_embd} (heads {config.n_head}), batch "
             f"{batch_size} x {seq_len} random tokens, vocabulary {vocab}, dropout {config.resid_pdrop}, loss from labels="
+            + ("; training_step calls self.model itself (no forward)" if direct else "")
         ),
-        variants=VARIANTS["hf_gpt2"],
+        variants=VARIANTS[name],
         build_module=build_module,
         train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
-        loss=wrapped_loss,
+        loss=direct_loss if direct else wrapped_loss,
         blocks=lambda module: list(module.model.transformer.h),
         optimizer=classifier_optimizer,
         batch_size=batch_size,
@@ -624,8 +648,8 @@ def make_workload(name: str, *, smoke: bool, device: torch.device, seed: int = 0
         return _gpt_workload(smoke=smoke, device=device, seed=seed)
     if name == "gpt2_varlen":
         return _gpt_varlen_workload(smoke=smoke, device=device, seed=seed)
-    if name == "hf_gpt2":
-        return _hf_gpt2_workload(smoke=smoke, device=device, seed=seed)
+    if name in ("hf_gpt2", "hf_gpt2_direct"):
+        return _hf_gpt2_workload(smoke=smoke, device=device, seed=seed, direct=name == "hf_gpt2_direct")
     if name == "timm_vit":
         return _timm_vit_workload(smoke=smoke, device=device, seed=seed)
     if name == "hf_bert_mlm":

@@ -834,3 +834,28 @@ def test_the_smoke_runs_plain_loop_compiles_its_optimizer_step(smoke_run):
     assert record["status"] == "ok" and record["compiled"].endswith("optimizer.step compiled (default)")
     assert record["graphs"] >= 2  # the model's graph and the optimizer step's
     assert not any("disable" in r["reason"] for r in record["graph_break_reasons"]), record["graph_break_reasons"]
+
+
+def test_hf_gpt2_direct_trains_with_no_forward_in_both_loops(tmp_path):
+    """The check workload for the usual wrapper with no ``forward`` (``training_step`` calls ``self.model``): the
+    LightningModule's forward is never called, and both loops train the same steps from the same weights."""
+    from benchmarks.runner import RunSettings, initial_state, run_variant
+    from benchmarks.workloads import CHECK_WORKLOADS, make_workload
+
+    cpu = torch.device("cpu")
+    built = make_workload("hf_gpt2_direct", smoke=True, device=cpu)
+    assert "hf_gpt2_direct" in CHECK_WORKLOADS and built.name == "hf_gpt2_direct"
+    module = built.build_module()
+    batch = next(iter(built.train_loader(1)))
+    with pytest.raises(NotImplementedError):
+        module(batch["input_ids"], batch["labels"])  # no forward of its own
+    assert module.training_step(batch, 0).ndim == 0
+    settings = RunSettings(device=cpu, smoke=True, total_steps=3, measured_steps=2, planned_steps=3, epoch_steps=None,
+                           run_dir=str(tmp_path), peak_flops=None)
+    state = initial_state(built, cpu, seed=0)
+    losses = {}
+    for name in ("eager", "bare_eager"):
+        record = run_variant(built, VARIANT_SPECS[name], settings, state)
+        assert record["status"] == "ok", record.get("error")
+        losses[name] = record["final_loss"]
+    assert losses["eager"] == pytest.approx(losses["bare_eager"], rel=1e-4)
