@@ -615,7 +615,7 @@ class AutoPlanner(_CompilesRegions):
         # The whole model after a kept part (payback.part_first_in_background) replaces it: the part runs
         # eagerly during the trial, and the plan before it (the part compiled) is timed right before it.
         replaces = [r for r in self._kept if _inside(r, candidate.region)] if candidate.whole else []
-        interleaved = not options.cuda_graphs and not replaces
+        interleaved = not self._graphs(options) and not replaces
         windows = 1  # eager windows timed as the control (CUDA graphs: see _control_window)
         released: dict[str, float] = {}  # seconds handing eager's cached memory back before a CUDA-graph trial
         if not (yield from self._hold_inputs(candidate.region)):
@@ -783,9 +783,13 @@ class AutoPlanner(_CompilesRegions):
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""
-        if self._options_for(candidate).cuda_graphs:
+        if self._graphs(self._options_for(candidate)):
             return self._graph_trial_batches()
         return self._interleaved_blocks() * INTERLEAVE_BLOCK
+
+    def _graphs(self, options: CompileOptions) -> bool:
+        """Whether ``options`` run CUDA graphs here: so compiled, on a CUDA device (on CPU Inductor captures none)."""
+        return options.cuda_graphs and self.device.type == "cuda"
 
     def _options_for(self, candidate: Candidate) -> CompileOptions:
         """What ``candidate`` is compiled with: the callback's options, with CUDA graphs where its mode asks for them."""
@@ -987,7 +991,8 @@ class AutoPlanner(_CompilesRegions):
             # forward inside it compiled (torch_internals.eager_while_rerouted).
             candidates.append(Candidate(Region(MODEL, [""], [self.root]), forward[""], 1.0,
                                         units=compile_units([self.root], repeated=False), whole=True))
-        holder = None if "" in self.profiler.seen else self._step_holder(forward, total)
+        # Rank 0's: shares differ by rank, the candidates must not (_order looks rank 0's names up here).
+        holder = self.agree(None if "" in self.profiler.seen else self._step_holder(forward, total))
         if holder is not None:  # the whole model's stand-in, a candidate even where it holds repeated blocks
             regions = {region_name(holder): [holder], **{r: m for r, m in regions.items() if m != [holder]}}
             self.notes.append(f"training_step does not call the LightningModule's forward: `{region_name(holder)}`, "
@@ -1391,7 +1396,8 @@ class AutoPlanner(_CompilesRegions):
     def _coverage(self) -> float | None:
         if self.profiler is None:
             return None
-        if any(r.name == MODEL for r in self.regions):
+        whole = {c.name for c in self._all_candidates if c.whole}
+        if any(r.name == MODEL or r.name in whole for r in self.regions):
             return 1.0
         forward = self.profiler.forward_ms()
         total = forward.get("") or 0.0
@@ -1441,7 +1447,7 @@ class AutoPlanner(_CompilesRegions):
             elif options.mode not in (None, "default") and options.options:  # a plan saved before they were kept:
                 # its mode as options beside this run's (torch.compile takes no mode beside options)
                 options = dataclasses.replace(options, mode=None, options={
-                    **options.options, **torch_internals.mode_options(options.mode)})
+                    **torch_internals.mode_options(options.mode), **options.options})  # the user's own win
             if "dynamic" in item:  # plans saved before it was kept compile with the options of this run
                 options = dataclasses.replace(options, dynamic=item["dynamic"])
             compile_region(region, options, on_error=self._failed)

@@ -136,9 +136,11 @@ class CompileOptions:
 
     @property
     def mode_name(self) -> str:
-        """The mode a decision names: the one given, else ``reduce-overhead`` where Inductor options turn
-        CUDA graphs on (torch.compile takes no mode beside options), else ``default``."""
-        return self.mode or ("reduce-overhead" if self.cuda_graphs else "default")
+        """The mode a decision names: the one given, else (none, or ``default``) ``reduce-overhead`` where the
+        options turn CUDA graphs on (torch.compile takes no mode beside options), else ``default``."""
+        if self.mode not in (None, "default"):
+            return self.mode
+        return "reduce-overhead" if self.cuda_graphs else "default"
 
     def with_cuda_graphs(self) -> CompileOptions | None:
         """These options with Inductor's CUDA graphs on, as the auto planner's CUDA-graph trials compile:
@@ -296,5 +298,8 @@ def captures_cuda_graphs(backend: Backend, mode: str | None, options: dict[str, 
 
 
 def uses_cuda_graphs(regions: Iterable[Any]) -> bool:
-    """Whether a compiled region runs as CUDA graphs (:attr:`CompileOptions.cuda_graphs`)."""
-    return any(region.compiled_with is not None and region.compiled_with.cuda_graphs for region in regions)
+    """Whether a compiled region runs as CUDA graphs: compiled so (:attr:`CompileOptions.cuda_graphs`), its
+    parameters on a CUDA device (elsewhere Inductor captures none)."""
+    return any(region.compiled_with is not None and region.compiled_with.cuda_graphs
+               and any(p.is_cuda for module in region.modules for p in module.parameters(recurse=True))
+               for region in regions)

@@ -1024,7 +1024,7 @@ MUTATIONS = [
     Mutation(
         name="no stand-in for the whole model where training_step calls self.model itself",
         path="compile_callback/planner.py",
-        old='        holder = None if "" in self.profiler.seen else self._step_holder(forward, total)\n',
+        old='        holder = self.agree(None if "" in self.profiler.seen else self._step_holder(forward, total))\n',
         new="        holder = None\n",
         tests=("tests/test_third_party.py::test_where_training_step_calls_self_model_itself_self_model_is_tried_as_the_whole_model",),
     ),
@@ -1069,6 +1069,27 @@ MUTATIONS = [
         old='        if fields is None and _is_image_and_label(container, batch=what == "batch"):\n',
         new="        if False:\n",
         tests=("tests/test_third_party.py::test_pad_takes_timm_image_and_label_pairs_and_fills_the_short_last_batch",),
+    ),
+    Mutation(
+        name="each rank picks its own whole-model stand-in (ranks' candidates differ)",
+        path="compile_callback/planner.py",
+        old='        holder = self.agree(None if "" in self.profiler.seen else self._step_holder(forward, total))\n',
+        new='        holder = None if "" in self.profiler.seen else self._step_holder(forward, total)\n',
+        tests=("tests/test_mode_trial.py::test_the_whole_model_stand_in_is_rank_zeros_on_every_rank",),
+    ),
+    Mutation(
+        name="the search goes on after self.model, standing for the whole model, is kept",
+        path="compile_callback/planner.py",
+        old="        whole = {c.name for c in self._all_candidates if c.whole}\n        return any(r.name in whole for r in self._kept)\n",
+        new="        return any(r.name == MODEL for r in self._kept)\n",
+        tests=("tests/test_auto.py::test_self_model_kept_as_the_whole_model_ends_the_search",),
+    ),
+    Mutation(
+        name="a kept self.model stand-in covers nothing (coverage from the root's forward only)",
+        path="compile_callback/planner.py",
+        old="        if any(r.name == MODEL or r.name in whole for r in self.regions):\n",
+        new="        if any(r.name == MODEL for r in self.regions):\n",
+        tests=("tests/test_auto.py::test_self_model_kept_as_the_whole_model_ends_the_search",),
     ),
     Mutation(
         name="CUDA graphs planned for a backend that has none",

@@ -504,3 +504,49 @@ def test_decisions_saved_before_they_said_what_verification_found_load_with_it()
     assert (failed.verified, passed.verified, unchecked.verified) == (False, True, None)
     assert Decision.from_dict(passed.as_dict()) == passed
 
+
+
+class SlowWhenEager(nn.Module):
+    """A backbone with repeated blocks whose eager forward sleeps 100 ms (a compiled one does not: dynamo traces
+    with ``is_compiling()`` true), so compiling it surely measures faster."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests.conftest import Block, Head
+
+        self.embed, self.head = Head(8, 16), Head(16, 4)
+        self.blocks = nn.ModuleList([Block(16) for _ in range(3)])
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            time.sleep(0.1)
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class CallsSelfModel(L.LightningModule):
+    """The usual wrapper with no forward: training_step calls ``self.model`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = SlowWhenEager()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_self_model_kept_as_the_whole_model_ends_the_search(tmp_path):
+    """Trials to spare (max_trials=3): once ``self.model``, standing for the whole model, is kept, neither its
+    blocks nor its parts are tried, and the plan covers the whole step."""
+    callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=3,
+                               anatomy=False)
+    make_trainer(tmp_path, [callback], max_steps=40, max_epochs=-1).fit(CallsSelfModel(), loader(batch_size=8))
+    report = callback.last_report
+    assert [(d["region"], d["kept"]) for d in report["decisions"]] == [("self.model", True)], report["decisions"]
+    assert report["plan"]["coverage"] == 1.0, report["plan"]

@@ -283,6 +283,8 @@ def test_a_users_mode_that_captures_cuda_graphs_gets_the_cuda_graph_trials_memor
     planner = make_planner(model, x, trial_ms=1.0)
     (kept,) = planner.regions
     planner.options = CompileOptions(backend="inductor", **options)
+    assert not planner._graphs(planner.options)  # on CPU Inductor captures none: trials interleave as usual
+    planner._graphs = lambda options: options.cuda_graphs  # as on a CUDA device
     planner.activation_bytes = lambda: 3 * 2**30
     planner.room_bytes = lambda: 2**30
     (region,) = resolve_regions(model, ["head.linear"])
@@ -337,6 +339,9 @@ def test_where_no_cuda_graph_trial_can_be_had_none_is_planned():
     planner = make_planner(Model(), torch.randn(4, 8), trial_ms=1.0)
     planner.launch_bound = True
     assert planner._graphs_first()
+    planner.device = torch.device("cuda")  # not run: only the rule is read
+    assert planner._graphs(CompileOptions(mode="max-autotune")) and not planner._graphs(CompileOptions())
+    assert CompileOptions(mode="default", options={"triton.cudagraphs": True}).mode_name == "reduce-overhead"
     planner.options = CompileOptions(backend="aot_eager")
     assert not planner._graphs_first()
 
@@ -367,3 +372,60 @@ def test_the_kept_plans_cuda_graph_trial_is_not_had_past_max_trials_nor_against_
     assert kept_plan_graphs(options=CompileOptions(backend="aot_eager")) == [
         "reduce-overhead (CUDA graphs) not tried: backend 'aot_eager' has no CUDA-graph mode (Inductor's has)"]
     assert CompileOptions(options={"triton.cudagraphs": False, "max_autotune": True}).with_cuda_graphs() is None
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+
+class Wrapper(nn.Module):
+    """``self.model`` with repeated blocks and a small ``aux`` beside it; training_step calls both, no forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model, self.aux = Inner(), nn.Linear(4, 4)
+
+
+class Profiled:
+    def __init__(self, forward_ms: dict[str, float]) -> None:
+        self._forward, self.seen = forward_ms, set(forward_ms)
+
+    def forward_ms(self) -> dict[str, float]:
+        return dict(self._forward)
+
+
+def ranks_candidates(model_ms: dict[int, float]) -> dict[int, list[tuple[str, bool]]]:
+    """Each simulated DDP rank's candidates, its own ``self.model`` time against ``aux``'s 1 ms, every value
+    agreed as rank 0's (``agree``: rank 0 answers first and its answers are every rank's)."""
+    answers: list = []
+    out = {}
+    for rank in sorted(model_ms):
+        def agree(value, rank=rank):
+            if rank == 0:
+                answers.append(value)
+                return value
+            return answers.pop(0)
+
+        planner = AutoPlanner(Wrapper(), CompileOptions(backend="eager"), timer=None, watch=None, device=torch.device("cpu"),
+                              warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=1, min_speedup=1.03,
+                              max_trials=6, verify=True, tolerance=None, agree=agree, remaining_batches=lambda: 1000,
+                              context=None)
+        planner.eager_ms = 10.0
+        planner.profiler = Profiled({"model": model_ms[rank], "model.h.0": 2.0, "model.h.1": 2.0, "model.h.2": 2.0,
+                                     "aux": 1.0})
+        planner._all_candidates = planner._candidates({})
+        out[rank] = [c.name for c in planner._order(planner._all_candidates)]
+        holder = next((c for c in planner._all_candidates if c.whole), None)
+        if holder is not None:  # kept: the plan covers the whole step
+            planner.regions.append(holder.region)
+            assert planner._coverage() == 1.0
+    return out
+
+
+def test_the_whole_model_stand_in_is_rank_zeros_on_every_rank():
+    """9.2 of 10.2 ms (90.2%) holds the step on rank 0, 8.8 of 9.8 (89.8%) would not on rank 1: both ranks
+    try rank 0's candidates in rank 0's order (a rank with its own list failed looking rank 0's names up)."""
+    orders = ranks_candidates({0: 9.2, 1: 8.8})
+    assert orders[0] == orders[1] and orders[0][0] == "self.model", orders
