@@ -52,7 +52,7 @@ class CompileCallback(Callback):
             except that with ``pad`` applied from the first batch each bucket is compiled as a static
             graph of its own (``False``).
         options: inductor options passed to ``torch.compile`` (not together with a ``mode``); a backend of
-            your own gets them as its ``options`` keyword, torch's ``eager``/``aot_eager`` take none.
+            your own gets them as its ``options`` keyword, torch's ``eager``/``aot_eager``/``cudagraphs`` take none.
         eager_baseline_steps: eager batches timed before compiling, the baseline of
             ``compile/speedup``; 0 compiles before the first batch and reports no speedup.
         warmup_steps: batches not timed at the start and after each compile.

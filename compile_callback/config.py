@@ -200,12 +200,16 @@ class CompileConfig:
         )
 
     def plan_options(self) -> dict[str, Any]:
-        """The arguments a plan is chosen under: a checkpoint's plan chosen under others is chosen again."""
-        return {
+        """The arguments a plan is chosen under: a checkpoint's plan chosen under others is chosen again. Named
+        regions are chosen by name, not by trials: ``min_speedup`` and ``verify`` do not choose them."""
+        chosen = {
             "regions": self.given("regions"),
             "backend": backend_name(self.backend), "mode": self.mode, "fullgraph": self.fullgraph,
-            "dynamic": self.dynamic, "options": self.options, "min_speedup": self.min_speedup, "verify": self.verify,
+            "dynamic": self.dynamic, "options": self.options,
         }
+        if self.regions == AUTO:
+            chosen.update(min_speedup=self.min_speedup, verify=self.verify)
+        return chosen
 
     def cache_options(self, pad: str | list[int] | None) -> dict[str, Any]:
         """What a cached plan's key holds beside the model: a plan measured under other options is not reused.

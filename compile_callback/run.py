@@ -367,6 +367,9 @@ class CompileRun:
             self.notes.append(f"the checkpoint's compile plan was chosen with other arguments ({changed}): "
                               f"chosen again in this fit")
             return
+        if saved is None:
+            self.notes.append("the checkpoint was saved before its compile arguments were recorded: its plan is "
+                              "applied as saved, whatever this fit's arguments")
         self.planner.load_state_dict(state.get("planner", {}))
         self.repricer.load_state_dict(state.get("repricer", {}))
 

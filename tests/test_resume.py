@@ -101,3 +101,30 @@ def test_one_callback_through_two_fits_decides_alike_in_each(tmp_path):
     assert second["summary"]["batches"] == first["summary"]["batches"] == 24
     assert second["summary"]["speedup"] is not None and second["summary"]["speedup"] > 1.5
     assert eager_steps[0] == eager_steps[1] > 0  # the second fit timed its own eager baseline
+
+
+def test_named_regions_are_not_chosen_again_for_arguments_that_do_not_choose_them():
+    """``min_speedup`` and ``verify`` choose among trials: named regions have none, so changing them keeps the plan;
+    a mode or options change still does not."""
+    named = [CompileCallback(["blocks.*"], min_speedup=s).config.plan_options() for s in (1.1, 1.5)]
+    assert named[0] == named[1] and "min_speedup" not in named[0]
+    assert CompileCallback(["blocks.*"], mode="max-autotune").config.plan_options() != named[0]
+    assert CompileCallback(min_speedup=1.5).config.plan_options()["min_speedup"] == 1.5  # auto: they choose
+
+
+def test_a_checkpoint_without_recorded_arguments_is_applied_as_saved_and_says_so(tmp_path):
+    first = auto_callback()
+    trainer = make_trainer(tmp_path, [first], max_epochs=2, enable_checkpointing=True)
+    trainer.fit(FasterCompiled(), loader(batch_size=8))
+    path = trainer.checkpoint_callback.best_model_path
+    checkpoint = torch.load(path, weights_only=False)
+    (state,) = [v for k, v in checkpoint["callbacks"].items() if "CompileCallback" in k]
+    del state["plan_options"]  # as a checkpoint saved before they were recorded
+    torch.save(checkpoint, path)
+    torch._dynamo.reset()
+    second = auto_callback()
+    make_trainer(tmp_path, [second], max_epochs=3, enable_checkpointing=True).fit(FasterCompiled(), loader(batch_size=8),
+                                                                                  ckpt_path=path)
+    assert second.last_report["decisions"] == first.last_report["decisions"]  # no new trials
+    assert any(n.startswith("the checkpoint was saved before its compile arguments were recorded")
+               for n in second.last_report["plan"]["notes"])
