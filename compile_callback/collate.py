@@ -707,7 +707,7 @@ class PadCollate:
                 if not isinstance(value, torch.Tensor) or value.dim() != 1:
                     raise ValueError(
                         f"{name} (role {role!r}) must be a 1-D tensor per sample; got {_describe(value)}. "
-                        "Return tensors of shape (length,) from the dataset."
+                        "Return tensors of shape (length,), or lists of ints, from the dataset."
                     )
             elif role == "labels":
                 if isinstance(value, torch.Tensor):
@@ -750,6 +750,19 @@ class PadCollate:
         return role in ("tokens", "mask", "segments") or (
             role == "labels" and isinstance(value, torch.Tensor) and value.dim() == 1)
 
+    def _with_tensors(self, sample: Any) -> Any:
+        """A dict sample with its per-token fields as int64 tensors where they are lists of ints (a Hugging Face
+        ``datasets`` row before ``set_format("torch")``); the sample itself is not changed."""
+        if not isinstance(sample, Mapping) or isinstance(self.fields, str):
+            return sample
+        roles = DEFAULT_DICT_FIELDS if self.fields is None else self.fields
+        lists = {key: value for key, value in sample.items()
+                 if roles.get(key) in ("tokens", "labels", "mask", "segments") and isinstance(value, (list, tuple))
+                 and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)}
+        if not lists:
+            return sample
+        return {**sample, **{key: torch.tensor(value, dtype=torch.long) for key, value in lists.items()}}
+
     def measure(self, sample: Any) -> dict[str, int]:
         """Sizes of one sample as this collate sees them, for a :class:`ShapeCensus`.
 
@@ -760,6 +773,7 @@ class PadCollate:
         Example:
             >>> census = ShapeCensus(PadCollate().measure(dataset[i])["length"] for i in range(1000))
         """
+        sample = self._with_tensors(sample)
         layout = self._layout(sample)
         sizes: dict[str, int] = {}
         for key, role in layout:
@@ -907,6 +921,7 @@ class PadCollate:
                 "drop_last=True (compile_callback.rewrap_collate(loader, wrap, drop_last=True)), or "
                 "use short_batch='pad'."
             )
+        samples = [self._with_tensors(sample) for sample in samples]
         layout = self._layout(samples[0])
         for index, sample in enumerate(samples[1:], start=1):
             self._check_like_first(sample, index, samples[0], layout)

@@ -1092,6 +1092,13 @@ MUTATIONS = [
         tests=("tests/test_auto.py::test_self_model_kept_as_the_whole_model_ends_the_search",),
     ),
     Mutation(
+        name="rows of lists of ints (a datasets row) are not padded",
+        path="compile_callback/collate.py",
+        old="        samples = [self._with_tensors(sample) for sample in samples]\n",
+        new="",
+        tests=("tests/test_third_party.py::test_bert_samples_with_token_type_ids_are_padded_alike",),
+    ),
+    Mutation(
         name="CUDA graphs planned for a backend that has none",
         path="compile_callback/planner.py",
         old="self.options.mode is None and self.options.with_cuda_graphs() is not None\n",

@@ -10,6 +10,7 @@ and ``guard_failures`` (one per recompile).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -25,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from compile_callback import CompileCallback
 from compile_callback.regions import MODEL
-from compile_callback.padding import PaddingPlan
+from compile_callback.padding import PaddingPlan, census_from_dataset
 from compile_callback.watch import AT_CALL, NO_RESUME_POINT
 from tests.conftest import make_trainer
 
@@ -333,13 +334,16 @@ def test_padding_before_a_hf_language_modeling_collator_pads_with_its_tokenizers
 
 def test_bert_samples_with_token_type_ids_are_padded_alike(tmp_path):
     """``token_type_ids`` are padded with the ids (with 0s): left as they were, the batch's tensors differ in
-    length and collating them fails the fit at its first batch."""
+    length and collating them fails the fit at its first batch. Rows of lists of ints (a ``datasets`` row before
+    ``set_format("torch")``) are padded as tensors are."""
     tokenizer = tiny_tokenizer(tmp_path, "[PAD]")
-    samples = [{k: torch.tensor(v) for k, v in tokenizer(text).items()} for text in ("w1 w2", "w3 w4 w5 w6 w7")]
-    assert {"input_ids", "token_type_ids", "attention_mask"} <= set(samples[0])
+    rows = [dict(tokenizer(text)) for text in ("w1 w2", "w3 w4 w5 w6 w7")]  # lists of ints, as `datasets` rows
+    assert {"input_ids", "token_type_ids", "attention_mask"} <= set(rows[0]) and isinstance(rows[0]["input_ids"], list)
+    tensors = [{k: torch.tensor(v) for k, v in row.items()} for row in rows]  # after set_format("torch")
     plan = PaddingPlan([8])
     plan.target, plan.edges = "sequence", [8]
-    for inner in (None, transformers.DataCollatorWithPadding(tokenizer)):
+    assert census_from_dataset(rows)[0].sizes() == census_from_dataset(tensors)[0].sizes() == [4, 7]
+    for inner, samples in itertools.product((None, transformers.DataCollatorWithPadding(tokenizer)), (rows, tensors)):
         batch = plan.collate(inner, batch_size=2)(samples)
         assert batch["input_ids"].shape == batch["token_type_ids"].shape == batch["attention_mask"].shape == (2, 8)
         assert batch["token_type_ids"].sum() == 0 and batch["input_ids"][0, 4:].tolist() == [tokenizer.pad_token_id] * 4
