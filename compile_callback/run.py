@@ -875,6 +875,8 @@ class CompileRun:
         latest = self._repriced()
         if latest is not None:
             return latest.speedup, "re-measured"
+        if compiled_ms is not None and self.watch is not None and not self.watch.totals()["graphs"]:
+            return 1.0, "nothing compiled"  # dynamo made no graph (a named region never called): every step ran eager
         return steady_speedup(
             self.planner.priced_speedup(),
             kept=any(d.kept for d in self.planner.decisions),

@@ -506,7 +506,7 @@ def test_decisions_saved_before_they_said_what_verification_found_load_with_it()
 
 
 
-class SlowWhenEager(nn.Module):
+class SlowEagerBackbone(nn.Module):
     """A backbone with repeated blocks whose eager forward sleeps 100 ms (a compiled one does not: dynamo traces
     with ``is_compiling()`` true), so compiling it surely measures faster."""
 
@@ -531,7 +531,7 @@ class CallsSelfModel(L.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.model = SlowWhenEager()
+        self.model = SlowEagerBackbone()
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -368,6 +368,7 @@ def test_the_whole_model_named_where_training_step_does_not_call_forward_is_said
     trainer.fit(DirectCausalLM(), token_loader(8))
     report = callback.last_report
     assert report["summary"]["graphs"] == 0
+    assert report["summary"]["speedup"] == 1.0 and report["summary"]["speedup_priced"] == "nothing compiled"
     assert any("training_step does not call forward" in s and "regions=['self.model']" in s
                for s in report["suggestions"]), report["suggestions"]
 
