@@ -98,9 +98,9 @@ class CompileCallback(Callback):
             cache, while training goes on with the plan before it; the trial then compiles from that
             cache (seconds instead of tens of seconds of stopped training). ``None``: where it can pay
             (one process on a CUDA device, Inductor by name, its FX-graph cache on); ``True``: wherever
-            one process runs (CPU too); ``False``: off. Only ``regions="auto"`` has trials to prepare. The child needs a copy of the step's memory on
-            the device and some CPU; every failure falls back to compiling in-process, with the reason
-            in the report.
+            one process runs (CPU too); ``False``: off. Only ``regions="auto"`` has trials to prepare.
+            The child needs a copy of the step's memory on the device and some CPU; every failure falls
+            back to compiling in-process, with the reason in the report.
 
     Raises:
         ValueError: an argument of the wrong type or out of range, with what is allowed.

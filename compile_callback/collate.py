@@ -531,9 +531,11 @@ class PadCollate:
     - ``"image"``: a tensor ``(..., H, W)``, padded with zeros at the bottom/right or resized.
 
     Tuple samples need ``fields``, except ``(image, class label)`` pairs (a ``(C, H, W)`` tensor and an int), the
-    torchvision and timm convention, read as ``{0: "image", 1: "labels"}``. Other fields pass through unchanged. All sequence fields of a batch are padded to one length:
-    the smallest of ``sequence_buckets`` that holds the batch's longest sequence (without buckets,
-    that length aligned up to ``multiple``).
+    torchvision and timm convention, read as ``{0: "image", 1: "labels"}``. Dict samples may hold lists of ints
+    where tensors are expected (a Hugging Face ``datasets`` row). Other fields pass through unchanged.
+
+    All sequence fields of a batch are padded to one length: the smallest of ``sequence_buckets`` that holds
+    the batch's longest sequence (without buckets, that length aligned up to ``multiple``).
 
     The short last batch (fewer samples than ``batch_size``):
 

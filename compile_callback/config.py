@@ -15,7 +15,9 @@ from typing import Any
 from compile_callback import torch_internals
 from compile_callback.churn import ON_RECOMPILE_POLICIES
 from compile_callback.padding import PAD_STRATEGIES
-from compile_callback.regions import BACKENDS_WITH_MODES, BACKENDS_WITHOUT_OPTIONS, MODEL, MODES, CompileOptions, backend_name
+from compile_callback.regions import (
+    BACKENDS_WITH_MODES, BACKENDS_WITHOUT_OPTIONS, MODEL, MODES, CompileOptions, backend_name,
+)
 
 AUTO = "auto"
 SHORT_BATCH_MODES = ("keep", "pad")

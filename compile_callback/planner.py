@@ -586,7 +586,8 @@ class AutoPlanner(_CompilesRegions):
         asked for, none tried yet, ``max_trials`` not reached), or a note that says why there is none."""
         remaining = self.remaining_batches() - (self.warmup_steps + 2 + self._graph_trial_batches())
         if self._kept and self._graphs_first() and not tried_graphs and trials >= self.max_trials:
-            self.notes.append(f"reduce-overhead (CUDA graphs) of the kept plan not tried: max_trials={self.max_trials} reached")
+            self.notes.append(f"reduce-overhead (CUDA graphs) of the kept plan not tried: "
+                              f"max_trials={self.max_trials} reached")
         elif self._kept and self._graphs_first() and not tried_graphs:
             unpaid = self._graphs_unpaid(current_ms, remaining)
             if unpaid is None and remaining > ISSUE_PROBES:  # the probes can only lower the price: only where it repays
