@@ -203,7 +203,8 @@ class CompileConfig:
 
     def plan_options(self) -> dict[str, Any]:
         """The arguments a plan is chosen under: a checkpoint's plan chosen under others is chosen again. Named
-        regions are chosen by name, not by trials: ``min_speedup`` and ``verify`` do not choose them."""
+        regions are chosen by name, not by trials: ``min_speedup`` and ``verify`` do not choose them. The plan
+        cache's key holds these, its ``pad`` the fit's (:meth:`cache_options`)."""
         chosen = {
             "regions": self.given("regions"),
             "backend": backend_name(self.backend), "mode": self.mode, "fullgraph": self.fullgraph,
@@ -211,6 +212,7 @@ class CompileConfig:
         }
         if self.regions == AUTO:
             chosen.update(min_speedup=self.min_speedup, verify=self.verify)
+        chosen["pad"] = self.given("pad")  # the shapes it was measured and compiled on
         return chosen
 
     def cache_options(self, pad: str | list[int] | None) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def test_named_regions_are_not_chosen_again_for_arguments_that_do_not_choose_the
     named = [CompileCallback(["blocks.*"], min_speedup=s).config.plan_options() for s in (1.1, 1.5)]
     assert named[0] == named[1] and "min_speedup" not in named[0]
     assert CompileCallback(["blocks.*"], mode="max-autotune").config.plan_options() != named[0]
+    assert CompileCallback(["blocks.*"], pad="auto").config.plan_options() != named[0]  # other shapes
     assert CompileCallback(min_speedup=1.5).config.plan_options()["min_speedup"] == 1.5  # auto: they choose
 
 
