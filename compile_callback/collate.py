@@ -41,6 +41,7 @@ from torch.utils.data import default_collate
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 ROLES = ("tokens", "labels", "mask", "segments", "image")
+PER_TOKEN_ROLES = ("tokens", "mask", "segments")  # 1-D per sample, padded to the batch's length
 IMAGE_MODES = ("pad", "resize")
 OVERSIZE_MODES = ("raise", "pad")
 SHORT_BATCH_MODES = ("pad", "drop", "keep")
@@ -705,7 +706,7 @@ class PadCollate:
         for key, role in layout:
             value = _get(sample, key)
             name = "the sample" if key is None else f"field {key!r}"
-            if role in ("tokens", "mask", "segments"):
+            if role in PER_TOKEN_ROLES:
                 if not isinstance(value, torch.Tensor) or value.dim() != 1:
                     raise ValueError(
                         f"{name} (role {role!r}) must be a 1-D tensor per sample; got {_describe(value)}. "
@@ -749,8 +750,7 @@ class PadCollate:
 
     @staticmethod
     def _is_sequence(value: Any, role: str) -> bool:
-        return role in ("tokens", "mask", "segments") or (
-            role == "labels" and isinstance(value, torch.Tensor) and value.dim() == 1)
+        return role in PER_TOKEN_ROLES or (role == "labels" and isinstance(value, torch.Tensor) and value.dim() == 1)
 
     def _with_tensors(self, sample: Any) -> Any:
         """A dict sample with its per-token fields as int64 tensors where they are lists of ints (a Hugging Face
@@ -759,7 +759,7 @@ class PadCollate:
             return sample
         roles = DEFAULT_DICT_FIELDS if self.fields is None else self.fields
         lists = {key: value for key, value in sample.items()
-                 if roles.get(key) in ("tokens", "labels", "mask", "segments") and isinstance(value, (list, tuple))
+                 if roles.get(key) in (*PER_TOKEN_ROLES, "labels") and isinstance(value, (list, tuple))
                  and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value)}
         if not lists:
             return sample

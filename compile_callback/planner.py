@@ -1018,10 +1018,13 @@ class AutoPlanner(_CompilesRegions):
             candidates.append(candidate)
         return candidates
 
+    def _whole_names(self) -> set[str]:
+        """The whole model's candidates: the root's, or the child standing for it (:meth:`_step_holder`)."""
+        return {c.name for c in self._all_candidates if c.whole}
+
     def _whole_kept(self) -> bool:
-        """Whether the whole model (or the child standing for it, :meth:`_step_holder`) is kept."""
-        whole = {c.name for c in self._all_candidates if c.whole}
-        return any(r.name in whole for r in self._kept)
+        """Whether the whole model (or the child standing for it) is kept."""
+        return bool(self._whole_names() & {r.name for r in self._kept})
 
     def _step_holder(self, forward: dict[str, float], total: float) -> str | None:
         """The top-level child that holds the training step where the LightningModule's forward is not called:
@@ -1397,8 +1400,7 @@ class AutoPlanner(_CompilesRegions):
     def _coverage(self) -> float | None:
         if self.profiler is None:
             return None
-        whole = {c.name for c in self._all_candidates if c.whole}
-        if any(r.name == MODEL or r.name in whole for r in self.regions):
+        if any(r.name == MODEL or r.name in self._whole_names() for r in self.regions):
             return 1.0
         forward = self.profiler.forward_ms()
         total = forward.get("") or 0.0

@@ -1080,14 +1080,14 @@ MUTATIONS = [
     Mutation(
         name="the search goes on after self.model, standing for the whole model, is kept",
         path="compile_callback/planner.py",
-        old="        whole = {c.name for c in self._all_candidates if c.whole}\n        return any(r.name in whole for r in self._kept)\n",
+        old="        return bool(self._whole_names() & {r.name for r in self._kept})\n",
         new="        return any(r.name == MODEL for r in self._kept)\n",
         tests=("tests/test_auto.py::test_self_model_kept_as_the_whole_model_ends_the_search",),
     ),
     Mutation(
         name="a kept self.model stand-in covers nothing (coverage from the root's forward only)",
         path="compile_callback/planner.py",
-        old="        if any(r.name == MODEL or r.name in whole for r in self.regions):\n",
+        old="        if any(r.name == MODEL or r.name in self._whole_names() for r in self.regions):\n",
         new="        if any(r.name == MODEL for r in self.regions):\n",
         tests=("tests/test_auto.py::test_self_model_kept_as_the_whole_model_ends_the_search",),
     ),

@@ -216,6 +216,18 @@ class Blocks(nn.Module):
         self.head = nn.Linear(8, 4)
 
 
+def unrun_planner(model: nn.Module, options: CompileOptions | None = None, *, device: str = "cuda",
+                  max_trials: int = 3, remaining: int = 10**6, agree=lambda v: v) -> AutoPlanner:
+    """An auto planner whose methods are called directly, never driven through steps (so a CUDA device is only
+    read, never used)."""
+    return AutoPlanner(
+        model, options or CompileOptions(backend="inductor"), timer=SimpleNamespace(), watch=CompileWatch({}, {}),
+        device=torch.device(device), warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=2,
+        min_speedup=1.05, max_trials=max_trials, verify=True, tolerance=None, agree=agree,
+        remaining_batches=lambda: remaining, context=lambda: torch.autocast("cpu", enabled=False),
+    )
+
+
 def largest_tried(*, kept: tuple[str, ...] = (), tried: dict[str, float] | None = None, launch_bound=True,
                   recompiles: int = 0, trials: int = 0, remaining: int = 10**6, decisions: list | None = None):
     """A planner after its search: ``tried`` maps each region tried in default mode (measured) to its share;
@@ -223,12 +235,7 @@ def largest_tried(*, kept: tuple[str, ...] = (), tried: dict[str, float] | None 
     model = Blocks()
     tried = {"blocks.*": 0.6, "head": 0.1} if tried is None else tried
     regions = {region.name: region for region in resolve_regions(model, list(tried))}
-    planner = AutoPlanner(
-        model, CompileOptions(backend="inductor"), timer=SimpleNamespace(), watch=CompileWatch({}, {}),
-        device=torch.device("cuda"), warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=2,
-        min_speedup=1.05, max_trials=3, verify=True, tolerance=None, agree=lambda v: v,
-        remaining_batches=lambda: remaining, context=lambda: torch.autocast("cpu", enabled=False),
-    )
+    planner = unrun_planner(model, remaining=remaining)
     planner.launch_bound = launch_bound
     planner._all_candidates = [Candidate(region, forward_ms=share, share=share, units=2) for name, share in tried.items()
                                for region in [regions[name]]]
@@ -351,12 +358,7 @@ def kept_plan_graphs(*, options: CompileOptions | None = None, trials: int = 0, 
     the kept plan's graph trial is not to be had (it would take steps: the test fails on the first)."""
     model = Blocks()
     (region,) = resolve_regions(model, ["blocks.*"])
-    planner = AutoPlanner(
-        model, options or CompileOptions(backend="inductor"), timer=SimpleNamespace(), watch=CompileWatch({}, {}),
-        device=torch.device("cuda"), warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=2,
-        min_speedup=1.05, max_trials=max_trials, verify=True, tolerance=None, agree=lambda v: v,
-        remaining_batches=lambda: 10**6, context=lambda: torch.autocast("cpu", enabled=False),
-    )
+    planner = unrun_planner(model, options, max_trials=max_trials)
     planner.launch_bound = True
     planner._kept.append(region)
     planner.regions.append(region)
@@ -408,10 +410,7 @@ def ranks_candidates(model_ms: dict[int, float]) -> dict[int, list[tuple[str, bo
                 return value
             return answers.pop(0)
 
-        planner = AutoPlanner(Wrapper(), CompileOptions(backend="eager"), timer=None, watch=None, device=torch.device("cpu"),
-                              warmup_steps=1, profile_steps=1, baseline_steps=1, trial_steps=1, min_speedup=1.03,
-                              max_trials=6, verify=True, tolerance=None, agree=agree, remaining_batches=lambda: 1000,
-                              context=None)
+        planner = unrun_planner(Wrapper(), CompileOptions(backend="eager"), device="cpu", remaining=1000, agree=agree)
         planner.eager_ms = 10.0
         planner.profiler = Profiled({"model": model_ms[rank], "model.h.0": 2.0, "model.h.1": 2.0, "model.h.2": 2.0,
                                      "aux": 1.0})
