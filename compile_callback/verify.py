@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from compile_callback import torch_internals
+from compile_callback.churn import HF_CACHE_FIX
 from compile_callback.regions import CompileOptions
 
 try:
@@ -370,6 +371,20 @@ def verify_module(
     return dataclasses.replace(result, seconds=seconds)
 
 
+def _hf_cache_in(value: Any) -> str | None:
+    """The class name of a Hugging Face key/value cache inside a held input (lists, tuples, dicts), or None.
+
+    The input holds it by reference: the live step has filled it with every layer's keys and values since,
+    so a replay appends to tensors whose graph that step's backward freed.
+    """
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, map(_hf_cache_in, value)), None)
+    if isinstance(value, dict):
+        return next(filter(None, map(_hf_cache_in, value.values())), None)
+    kind = type(value)
+    return kind.__name__ if kind.__module__.startswith("transformers.cache_utils") else None
+
+
 # Long on purpose: the order of the runs (eager, then compiled) and of what each frees is the memory footprint.
 def _verify_module(
     module: nn.Module,
@@ -464,8 +479,10 @@ def _verify_module(
                 return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error))
             # The held input cannot be replayed eagerly (e.g. HF's DynamicCache, filled by the live step
             # since: "backward through the graph a second time"): unverifiable, so not trusted.
+            cache = _hf_cache_in((args, kwargs))
+            fix = f" (it holds a {cache}: {HF_CACHE_FIX})" if cache else ""
             return VerificationResult(False, float("inf"), limit, "verification",
-                                      f"the held input could not be replayed eagerly to verify against: "
+                                      f"the held input could not be replayed eagerly to verify against{fix}: "
                                       f"{torch_internals.describe_error(error)}")
         if count != eager_count or len(compiled_grads) != len(eager_grads):
             return VerificationResult(False, float("inf"), limit, "output count differs")

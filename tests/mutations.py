@@ -1112,6 +1112,13 @@ MUTATIONS = [
         new="self.options.mode is None\n",
         tests=("tests/test_mode_trial.py",),
     ),
+    Mutation(
+        name="a HF block's unverifiable held cache not named",
+        path="compile_callback/verify.py",
+        old='return kind.__name__ if kind.__module__.startswith("transformers.cache_utils") else None\n',
+        new="return None\n",
+        tests=("tests/test_third_party.py::test_a_hf_block_held_with_its_kv_cache_is_not_verified_and_the_cache_fix_is_named",),
+    ),
 ]
 
 

@@ -26,7 +26,9 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from compile_callback import CompileCallback
 from compile_callback.regions import MODEL
+from compile_callback.verify import verify_module
 from compile_callback.padding import PaddingPlan, census_from_dataset
+from compile_callback.profile import RegionProfiler
 from compile_callback.watch import AT_CALL, NO_RESUME_POINT
 from tests.conftest import make_trainer
 
@@ -360,6 +362,30 @@ def test_hf_blocks_recompiling_on_the_kv_cache_are_told_to_turn_the_cache_off(tm
     report = callback.last_report
     churn = [n for n in report["plan"]["notes"] if "recompiles:" in n]
     assert churn and all("cache_utils.py" in n and "model.config.use_cache = False" in n for n in churn), report["plan"]["notes"]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_hf_block_held_with_its_kv_cache_is_not_verified_and_the_cache_fix_is_named(use_cache):
+    """With ``use_cache`` on (GPT-2's default, in training too) each block is passed the step's ``DynamicCache``.
+    The held input holds it by reference and the live step fills it, so its eager replay fails ("backward
+    through the graph a second time"): not trusted, and the reason names the cache and how to turn it off.
+    With the cache off the same block, held the same way, verifies."""
+    model = tiny_gpt2()
+    model.config.use_cache = use_cache
+    block = model.transformer.h[1]
+    profiler = RegionProfiler({"h.1": block}, torch.device("cpu"))
+    profiler.attach()
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()  # the live step: fills the cache, frees its graph
+    profiler.detach()
+    args, kwargs = profiler.held_input("h.1")
+    block.compile(backend="eager")
+    result = verify_module(block, args, kwargs)
+    if use_cache:
+        assert not result.passed and result.where == "verification", result
+        assert "DynamicCache" in result.error and "model.config.use_cache = False" in result.error, result.error
+    else:
+        assert result.passed, result
 
 
 def test_the_whole_model_named_where_training_step_does_not_call_forward_is_said_so(tmp_path):
