@@ -65,7 +65,7 @@ class CompileCallback(Callback):
             before trusting it; off, a region is still compiled outside the step so a failing
             compile reverts instead of crashing.
         verify_tolerance: max relative error allowed; ``None`` picks it by dtype (1e-3 for fp32,
-            5e-2 under bf16 autocast).
+            5e-2 under bf16 autocast); only with ``verify=True``.
         on_recompile: what to do about recompile churn (a recompile after the first epoch, more than
             ``max_recompiles_per_epoch`` in one epoch, or a region that hit dynamo's recompile limit):
             ``"warn"`` (once per cause, with the fix), ``"pad"`` (turn on padding for a churning

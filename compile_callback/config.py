@@ -131,6 +131,9 @@ class CompileConfig:
             raise ValueError(f"`anatomy` must be True, False or None (on CPU only); got {self.anatomy!r}.")
         if self.verify_tolerance is not None:
             _check_float("verify_tolerance", self.verify_tolerance, 0.0)
+            if not self.verify:
+                raise ValueError(f"`verify_tolerance={self.verify_tolerance!r}` has no effect with verify=False (nothing "
+                                 "is compared); drop one of the two.")
         if self.on_recompile not in ON_RECOMPILE_POLICIES:
             raise ValueError(
                 f"`on_recompile` must be one of {', '.join(repr(p) for p in ON_RECOMPILE_POLICIES)}; "

@@ -1119,6 +1119,13 @@ MUTATIONS = [
         new="return None\n",
         tests=("tests/test_third_party.py::test_a_hf_block_held_with_its_kv_cache_is_not_verified_and_the_cache_fix_is_named",),
     ),
+    Mutation(
+        name="a tolerance without verification accepted",
+        path="compile_callback/config.py",
+        old="            if not self.verify:\n",
+        new="            if False:\n",
+        tests=("tests/test_callback.py::test_bad_arguments_are_refused_with_a_clear_message",),
+    ),
 ]
 
 

@@ -151,6 +151,7 @@ def test_unknown_region_fails_before_training(tmp_path):
         (dict(fullgraph="yes"), r"`fullgraph` must be True or False; got 'yes'"),
         (dict(dynamic="auto"), r"`dynamic` must be True, False or None; got 'auto'"),
         (dict(backend=""), r"`backend` must be a torch.compile backend name"),
+        (dict(verify=False, verify_tolerance=0.01), r"`verify_tolerance=0.01` has no effect with verify=False"),
     ],
 )
 def test_bad_arguments_are_refused_with_a_clear_message(kwargs, message):
