@@ -176,17 +176,22 @@ def assert_counts_are_dynamos(callback: CompileCallback, report: dict, dynamo: D
     assert uncounted == dynamo.breaks - dynamo.counted_breaks
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "vit", "vit_one_block"])
-def test_auto_plan_tries_the_whole_model_and_counts_like_dynamo(tmp_path, name):
-    """``self.model`` does not hide the whole model: the auto plan decides on it first. (A ``self.model``
-    with no repeated blocks, the one-block ViT, is a candidate of its own, and its name once took the
-    root's: the whole model went untried.)"""
-    module, data = module_and_loader(name, samples=2 * 24)
+def fit_with_one_trial(tmp_path, module: L.LightningModule, data: DataLoader):
+    """24 steps under the auto plan (eager backend, one trial), dynamo's own records kept beside the callback's."""
     callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1,
                                anatomy=False)
     trainer = make_trainer(tmp_path, [callback], max_steps=24, logger=False)
     with DynamoRecords() as dynamo:
         trainer.fit(module, data)
+    return trainer, callback, dynamo
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "vit", "vit_one_block"])
+def test_auto_plan_tries_the_whole_model_and_counts_like_dynamo(tmp_path, name):
+    """``self.model`` does not hide the whole model: the auto plan decides on it first. (A ``self.model``
+    with no repeated blocks, the one-block ViT, is a candidate of its own, and its name once took the
+    root's: the whole model went untried.)"""
+    trainer, callback, dynamo = fit_with_one_trial(tmp_path, *module_and_loader(name, samples=2 * 24))
     assert trainer.global_step == 24 and callback.last_report["summary"]["batches"] == 24
     with open(os.path.join(tmp_path, "compile_report.json")) as handle:
         report = json.load(handle)
@@ -212,12 +217,7 @@ def test_auto_plan_tries_the_whole_model_and_counts_like_dynamo(tmp_path, name):
 def test_where_training_step_calls_self_model_itself_self_model_is_tried_as_the_whole_model(tmp_path, name):
     """No LightningModule forward: ``self.model``, which holds the step (and its repeated blocks), is the whole
     model's candidate, tried first (before: only its blocks were candidates, and HF GPT-2's failed verification)."""
-    module, data = direct_module_and_loader(name, samples=2 * 24)
-    callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1,
-                               anatomy=False)
-    trainer = make_trainer(tmp_path, [callback], max_steps=24, logger=False)
-    with DynamoRecords() as dynamo:
-        trainer.fit(module, data)
+    trainer, callback, dynamo = fit_with_one_trial(tmp_path, *direct_module_and_loader(name, samples=2 * 24))
     report = callback.last_report
     decisions, notes = report["decisions"], report["plan"]["notes"]
     assert decisions and decisions[0]["region"] == "self.model" and decisions[0]["modules"] == ["model"], (decisions, notes)

@@ -650,12 +650,23 @@ def test_a_win_the_drift_worked_against_stands():
 
 
 # -- third-party workloads, memory cap ---------------------------------------------------------------
+def _eager_and_plain_loop_records(built, tmp_path) -> dict[str, dict]:
+    """Records of the tiny ``built`` workload's ``eager`` (Trainer) and ``bare_eager`` (plain loop) variants, three
+    CPU steps each from the same initial state."""
+    from benchmarks.runner import RunSettings, initial_state, run_variant
+
+    cpu = torch.device("cpu")
+    settings = RunSettings(device=cpu, smoke=True, total_steps=3, measured_steps=2, planned_steps=3, epoch_steps=None,
+                           run_dir=str(tmp_path), peak_flops=None)
+    state = initial_state(built, cpu, seed=0)
+    return {name: run_variant(built, VARIANT_SPECS[name], settings, state) for name in ("eager", "bare_eager")}
+
+
 @pytest.mark.parametrize(("workload", "model_class"), [
     ("hf_gpt2", "GPT2LMHeadModel"), ("timm_vit", "VisionTransformer"), ("hf_bert_mlm", "BertForMaskedLM")])
 def test_third_party_workloads_train_a_few_steps_in_both_loops(workload, model_class, tmp_path):
     """The tiny forms, wrapped as users wrap them (``self.model``, ``forward(x, y)`` returns the loss),
     train three steps through a real Trainer and through the plain loop from the same weights."""
-    from benchmarks.runner import RunSettings, initial_state, run_variant
     from benchmarks.workloads import make_workload
 
     cpu = torch.device("cpu")
@@ -666,12 +677,8 @@ def test_third_party_workloads_train_a_few_steps_in_both_loops(workload, model_c
     x_key, y_key = module.inputs
     assert module(batch[x_key], batch[y_key]).ndim == 0  # forward(x, y) is the loss
     assert len(built.blocks(module)) == 2  # the tiny config: 2 blocks
-    settings = RunSettings(device=cpu, smoke=True, total_steps=3, measured_steps=2, planned_steps=3, epoch_steps=None,
-                           run_dir=str(tmp_path), peak_flops=None)
-    state = initial_state(built, cpu, seed=0)
     losses = {}
-    for name in ("eager", "bare_eager"):
-        record = run_variant(built, VARIANT_SPECS[name], settings, state)
+    for name, record in _eager_and_plain_loop_records(built, tmp_path).items():
         assert record["status"] == "ok", record.get("error")
         assert record["steps_run"] == 3 and _finite_positive(record["median_ms"])
         losses[name] = record["final_loss"]
@@ -839,7 +846,6 @@ def test_the_smoke_runs_plain_loop_compiles_its_optimizer_step(smoke_run):
 def test_hf_gpt2_direct_trains_with_no_forward_in_both_loops(tmp_path):
     """The check workload for the usual wrapper with no ``forward`` (``training_step`` calls ``self.model``): the
     LightningModule's forward is never called, and both loops train the same steps from the same weights."""
-    from benchmarks.runner import RunSettings, initial_state, run_variant
     from benchmarks.workloads import CHECK_WORKLOADS, make_workload
 
     cpu = torch.device("cpu")
@@ -850,12 +856,8 @@ def test_hf_gpt2_direct_trains_with_no_forward_in_both_loops(tmp_path):
     with pytest.raises(NotImplementedError):
         module(batch["input_ids"], batch["labels"])  # no forward of its own
     assert module.training_step(batch, 0).ndim == 0
-    settings = RunSettings(device=cpu, smoke=True, total_steps=3, measured_steps=2, planned_steps=3, epoch_steps=None,
-                           run_dir=str(tmp_path), peak_flops=None)
-    state = initial_state(built, cpu, seed=0)
     losses = {}
-    for name in ("eager", "bare_eager"):
-        record = run_variant(built, VARIANT_SPECS[name], settings, state)
+    for name, record in _eager_and_plain_loop_records(built, tmp_path).items():
         assert record["status"] == "ok", record.get("error")
         losses[name] = record["final_loss"]
     assert losses["eager"] == pytest.approx(losses["bare_eager"], rel=1e-4)
