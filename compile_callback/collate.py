@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -385,8 +386,13 @@ def _is_image_and_label(pair: Sequence[Any], *, batch: bool) -> bool:
     label = pair[1]
     if batch:
         return isinstance(label, torch.Tensor) and label.dim() == 1 and not label.is_floating_point()
-    return (isinstance(label, int) and not isinstance(label, bool)) or (
-        isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point())
+    return _is_int(label) or (isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point())
+
+
+def _is_int(value: Any) -> bool:
+    """An integer class label: a Python int or a NumPy integer (``numbers.Integral``, as an image dataset's
+    ``np.int64`` labels are; ``default_collate`` stacks them), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _get(container: Any, key: FieldKey | None) -> Any:
@@ -523,7 +529,7 @@ class PadCollate:
 
     - ``"tokens"``: 1-D token ids, padded with ``pad_id`` to the batch's bucket edge.
     - ``"labels"``: 1-D per-token labels, padded with ``label_pad_id`` (-100, ignored by
-      ``cross_entropy``); 0-d tensors or ints are class labels, left as they are.
+      ``cross_entropy``); 0-d tensors or ints (Python or NumPy) are class labels, left as they are.
     - ``"mask"``: an attention mask, extended with 0s. On dict samples with a ``"tokens"`` field and no
       mask, one is produced under ``mask_field`` (1 for real tokens, 0 for padding, int64).
       Tuple samples get no new position (that would change how batches unpack).
@@ -719,7 +725,7 @@ class PadCollate:
                             f"{name} (role 'labels') must be a class label (0-d tensor or int) or per-token "
                             f"labels (1-D tensor); got {_describe(value)}."
                         )
-                elif isinstance(value, bool) or not isinstance(value, int):
+                elif not _is_int(value):
                     raise ValueError(
                         f"{name} (role 'labels') must be a tensor or an int class label; got {_describe(value)}."
                     )

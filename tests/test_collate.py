@@ -444,6 +444,20 @@ def test_image_and_class_label_pairs_need_no_fields():
             PadCollate()([sample])
 
 
+def test_numpy_integer_class_labels_are_class_labels():
+    """An image dataset's labels are often NumPy integers (``np.int64``, e.g. read from a CSV or an array of
+    targets): the pair is recognised with no ``fields``, padded, and the filler's label is masked; a NumPy bool
+    is not a class label."""
+    np = pytest.importorskip("numpy")
+    collate = PadCollate(image_buckets=[8], batch_size=3, short_batch="pad")
+    images, labels = collate([(torch.ones(3, 5, 7), np.int64(4)), (torch.ones(3, 6, 6), np.int32(2))])
+    assert images.shape == (3, 3, 8, 8) and labels.tolist() == [4, 2, -100]
+    with pytest.raises(ValueError, match=r"so PadCollate needs `fields`"):
+        PadCollate()([(torch.ones(3, 5, 7), np.bool_(True))])
+    with pytest.raises(ValueError, match=r"must be a tensor or an int class label; got"):
+        PadCollate(fields={0: "image", 1: "labels"})([(torch.ones(3, 5, 7), np.float32(0.5))])
+
+
 def test_sample_errors_say_what_to_pass():
     with pytest.raises(ValueError, match=r"tuple of 2 items, so PadCollate needs `fields`.*fields=\{0: 'tokens'"):
         PadCollate()([(torch.ones(3), 1)])
