@@ -176,9 +176,9 @@ def assert_counts_are_dynamos(callback: CompileCallback, report: dict, dynamo: D
     assert uncounted == dynamo.breaks - dynamo.counted_breaks
 
 
-def fit_with_one_trial(tmp_path, module: L.LightningModule, data: DataLoader):
-    """24 steps under the auto plan (eager backend, one trial), dynamo's own records kept beside the callback's."""
-    callback = CompileCallback(backend="eager", eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1,
+def fit_with_one_trial(tmp_path, module: L.LightningModule, data: DataLoader, backend: str = "eager"):
+    """24 steps under the auto plan (one trial), dynamo's own records kept beside the callback's."""
+    callback = CompileCallback(backend=backend, eager_baseline_steps=3, warmup_steps=1, trial_steps=3, max_trials=1,
                                anatomy=False)
     trainer = make_trainer(tmp_path, [callback], max_steps=24, logger=False)
     with DynamoRecords() as dynamo:
@@ -225,6 +225,23 @@ def test_where_training_step_calls_self_model_itself_self_model_is_tried_as_the_
     assert any(n.startswith("training_step does not call the LightningModule's forward: `self.model`") for n in notes), notes
     assert trainer.global_step == 24 and report["summary"]["batches"] == 24
     assert_counts_are_dynamos(callback, report, dynamo)
+
+
+def test_hf_gradient_checkpointing_with_dropout_on_is_compiled_and_verified(tmp_path):
+    """``gradient_checkpointing_enable()`` (Hugging Face's default: non-reentrant ``torch.utils.checkpoint``
+    around each block), GPT-2's dropout on: the whole model is tried and verified against eager to float
+    rounding, as AOTAutograd (Inductor's front end) saves dropout's masks for the backward and eager's
+    recompute replays them. (Dynamo's plain ``"eager"`` backend, which runs the checkpointed blocks without
+    AOTAutograd, got gradients 0.76 off eager's here: verification refused it, as it should.)"""
+    module, data = module_and_loader("gpt2", samples=2 * 24)
+    module.model.gradient_checkpointing_enable()
+    assert module.model.is_gradient_checkpointing and any(m.p > 0 for m in module.modules() if isinstance(m, nn.Dropout))
+    trainer, callback, dynamo = fit_with_one_trial(tmp_path, module, data, backend="aot_eager")
+    decision = callback.last_report["decisions"][0]
+    assert decision["region"] == MODEL and decision["speedup"] is not None, decision
+    assert decision["max_rel_error"] is not None and decision["max_rel_error"] <= 1e-6, decision
+    assert trainer.global_step == 24
+    assert_counts_are_dynamos(callback, callback.last_report, dynamo)
 
 
 def test_resume_keeps_plain_state_dict_keys(tmp_path):
