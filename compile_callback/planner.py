@@ -1376,7 +1376,7 @@ class AutoPlanner(_CompilesRegions):
     def _failure_reason(verdict: VerificationResult) -> str:
         if verdict.error:
             what = "compile failed" if verdict.where == "compile" else "not verified, so not trusted"
-            return f"{what}: {verdict.error[:300]}"
+            return f"{what}: {verdict.error}"  # the torch error in it is cut at 300 characters, a fix beside it not
         return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
                 f"{verdict.where}; tolerance {verdict.tolerance:.0e}")
 
@@ -1486,7 +1486,7 @@ def warm_call(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
             else:
                 module(*args, **kwargs)
     except Exception as error:
-        return VerificationResult(False, float("inf"), 0.0, "compile", f"{type(error).__name__}: {error}")
+        return VerificationResult(False, float("inf"), 0.0, "compile", torch_internals.describe_error(error)[:300])
     finally:
         with torch.no_grad():
             for name, b in module.named_buffers():

@@ -371,6 +371,20 @@ def verify_module(
     return dataclasses.replace(result, seconds=seconds)
 
 
+# Verification takes gradients with torch.autograd.grad (nothing written to .grad), which reentrant
+# activation checkpointing refuses; the non-reentrant kind, torch's recommended one, verifies.
+REENTRANT_CHECKPOINT_FIX = (
+    "verification takes gradients with torch.autograd.grad, which reentrant activation checkpointing refuses: "
+    "checkpoint with use_reentrant=False (torch.utils.checkpoint.checkpoint(..., use_reentrant=False); Hugging "
+    "Face: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))")
+
+
+def _brief(error: BaseException) -> str:
+    """A torch error for a decision's reason: its type and first line, at most 300 characters (a fix named
+    beside it is kept whole)."""
+    return torch_internals.describe_error(error)[:300]
+
+
 def _hf_cache_in(value: Any) -> str | None:
     """The class name of a Hugging Face key/value cache inside a held input (lists, tuples, dicts), or None.
 
@@ -476,14 +490,15 @@ def _verify_module(
             return _out_of_memory(limit, stage, error)
         except Exception as error:  # a backend error must revert the region, not end the run
             if stage == "compile":
-                return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error))
+                return VerificationResult(False, float("inf"), limit, "compile", _brief(error))
             # The held input cannot be replayed eagerly (e.g. HF's DynamicCache, filled by the live step
             # since: "backward through the graph a second time"): unverifiable, so not trusted.
             cache = _hf_cache_in((args, kwargs))
-            fix = f" (it holds a {cache}: {HF_CACHE_FIX})" if cache else ""
+            fix = (f" (it holds a {cache}: {HF_CACHE_FIX})" if cache else
+                   f" ({REENTRANT_CHECKPOINT_FIX})" if "use_reentrant=True" in str(error) else "")
             return VerificationResult(False, float("inf"), limit, "verification",
                                       f"the held input could not be replayed eagerly to verify against{fix}: "
-                                      f"{torch_internals.describe_error(error)}")
+                                      f"{_brief(error)}")
         if count != eager_count or len(compiled_grads) != len(eager_grads):
             return VerificationResult(False, float("inf"), limit, "output count differs")
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
@@ -544,7 +559,7 @@ def further_from_fp32(eager_off: list[TensorError], compiled_off: list[TensorErr
 
 def _out_of_memory(limit: float, stage: str, error: BaseException) -> VerificationResult:
     """A verification that ran out of device memory: reverted like any failure, its memory handed back."""
-    detail = f"{torch_internals.first_line(str(error))} ({release_device_memory()})"
+    detail = f"{torch_internals.first_line(str(error))[:300]} ({release_device_memory()})"
     where = "compile" if stage == "compile" else "verification"
     return VerificationResult(False, float("inf"), limit, where, f"out of memory during the {stage} run: {detail}")
 

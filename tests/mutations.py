@@ -1126,6 +1126,20 @@ MUTATIONS = [
         new="            if False:\n",
         tests=("tests/test_callback.py::test_bad_arguments_are_refused_with_a_clear_message",),
     ),
+    Mutation(
+        name="a decision's reason cut at 300 characters, the fix named after the torch error lost",
+        path="compile_callback/planner.py",
+        old='            return f"{what}: {verdict.error}"',
+        new='            return f"{what}: {verdict.error[:300]}"',
+        tests=("tests/test_third_party.py::test_hf_reentrant_gradient_checkpointing_is_not_verified_and_the_fix_is_named",),
+    ),
+    Mutation(
+        name="reentrant checkpointing's unverifiable replay not explained",
+        path="compile_callback/verify.py",
+        old='f" ({REENTRANT_CHECKPOINT_FIX})" if "use_reentrant=True" in str(error) else "")',
+        new='"")',
+        tests=("tests/test_third_party.py::test_hf_reentrant_gradient_checkpointing_is_not_verified_and_the_fix_is_named",),
+    ),
 ]
 
 

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from compile_callback import CompileCallback
 from compile_callback.regions import MODEL
-from compile_callback.verify import verify_module
+from compile_callback.verify import REENTRANT_CHECKPOINT_FIX, verify_module
 from compile_callback.padding import PaddingPlan, census_from_dataset
 from compile_callback.profile import RegionProfiler
 from compile_callback.watch import AT_CALL, NO_RESUME_POINT
@@ -242,6 +242,18 @@ def test_hf_gradient_checkpointing_with_dropout_on_is_compiled_and_verified(tmp_
     assert decision["max_rel_error"] is not None and decision["max_rel_error"] <= 1e-6, decision
     assert trainer.global_step == 24
     assert_counts_are_dynamos(callback, callback.last_report, dynamo)
+
+
+def test_hf_reentrant_gradient_checkpointing_is_not_verified_and_the_fix_is_named(tmp_path):
+    """Reentrant checkpointing refuses ``torch.autograd.grad``, which verification takes its gradients with: the
+    whole model is not trusted, and the decision says why and how to checkpoint instead."""
+    module, data = module_and_loader("gpt2", samples=2 * 24)
+    module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    trainer, callback, _ = fit_with_one_trial(tmp_path, module, data)
+    decision = callback.last_report["decisions"][0]
+    assert decision["region"] == MODEL and not decision["kept"], decision
+    assert "not verified" in decision["reason"] and REENTRANT_CHECKPOINT_FIX in decision["reason"], decision
+    assert trainer.global_step == 24
 
 
 def test_resume_keeps_plain_state_dict_keys(tmp_path):
