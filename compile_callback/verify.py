@@ -11,6 +11,7 @@ is verified on a twin, its dropout off: :func:`verify_module`) and the RNG strea
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -55,12 +56,26 @@ class VerificationResult:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def compute_dtype() -> torch.dtype:
-    """The dtype matmuls run in right now: the autocast dtype if autocast is on, else float32."""
+def autocast_dtype() -> torch.dtype | None:
+    """The dtype autocast runs matmuls in right now (Lightning's ``"bf16-mixed"``, ``"16-mixed"``), or None."""
     for device_type in ("cuda", "cpu"):
         if torch.is_autocast_enabled(device_type):
             return torch.get_autocast_dtype(device_type)
-    return torch.float32
+    return None
+
+
+def compute_dtype(module: nn.Module | None = None) -> torch.dtype:
+    """The dtype ``module`` computes in right now: autocast's if it is on, else the dtype most of its floating
+    parameters hold (Lightning's ``precision="bf16-true"`` and ``"16-true"`` cast them, ``"64-true"`` too),
+    else float32."""
+    mixed = autocast_dtype()
+    if mixed is not None:
+        return mixed
+    elements: collections.Counter[torch.dtype] = collections.Counter()
+    for parameter in module.parameters() if module is not None else ():
+        if parameter.is_floating_point():
+            elements[parameter.dtype] += parameter.numel()
+    return elements.most_common(1)[0][0] if elements else torch.float32
 
 
 def _chunks(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -464,13 +479,15 @@ def _verify_module(
 
     quiet = dropout_off(module) if twin is not None else contextlib.nullcontext()
     with torch.random.fork_rng(devices=cuda_devices(module)), context(), quiet:
-        dtype = compute_dtype()
+        dtype = compute_dtype(module)
         limit = tolerance if tolerance is not None else TOLERANCE.get(dtype, 1e-3)
         stage = "eager reference"
         eager_outputs: list[torch.Tensor] = []
         compiled_outputs: list[torch.Tensor] = []
         output_errors: list[TensorError] = []
-        reduced = dtype in (torch.float16, torch.bfloat16) and tolerance is None
+        # Under autocast a tensor past the tolerance is judged against an fp32 reference (autocast off); a
+        # model whose parameters are half precision ("bf16-true") has none to run, so the tolerance decides.
+        reduced = autocast_dtype() in (torch.float16, torch.bfloat16) and tolerance is None
 
         def compare_outputs(outputs: list[torch.Tensor]) -> None:  # on the device, before the backward
             if len(outputs) == len(eager_outputs):

@@ -1140,6 +1140,20 @@ MUTATIONS = [
         new='"")',
         tests=("tests/test_third_party.py::test_hf_reentrant_gradient_checkpointing_is_not_verified_and_the_fix_is_named",),
     ),
+    Mutation(
+        name="a bf16-true model verified to fp32's tolerance (every compile refused)",
+        path="compile_callback/verify.py",
+        old="        dtype = compute_dtype(module)\n",
+        new="        dtype = compute_dtype()\n",
+        tests=("tests/test_verify.py::test_a_model_trained_in_bf16_true_precision_is_verified_to_bf16s_tolerance",),
+    ),
+    Mutation(
+        name="a bf16-true model's 'fp32 reference' run in bf16",
+        path="compile_callback/verify.py",
+        old="        reduced = autocast_dtype() in (torch.float16, torch.bfloat16) and tolerance is None\n",
+        new="        reduced = dtype in (torch.float16, torch.bfloat16) and tolerance is None\n",
+        tests=("tests/test_verify.py::test_a_model_trained_in_bf16_true_precision_is_verified_to_bf16s_tolerance",),
+    ),
 ]
 
 
