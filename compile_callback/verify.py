@@ -64,7 +64,7 @@ def autocast_dtype() -> torch.dtype | None:
     return None
 
 
-def compute_dtype(module: nn.Module | None = None) -> torch.dtype:
+def compute_dtype(module: nn.Module) -> torch.dtype:
     """The dtype ``module`` computes in right now: autocast's if it is on, else the dtype most of its floating
     parameters hold (Lightning's ``precision="bf16-true"`` and ``"16-true"`` cast them, ``"64-true"`` too),
     else float32."""
@@ -72,7 +72,7 @@ def compute_dtype(module: nn.Module | None = None) -> torch.dtype:
     if mixed is not None:
         return mixed
     elements: collections.Counter[torch.dtype] = collections.Counter()
-    for parameter in module.parameters() if module is not None else ():
+    for parameter in module.parameters():
         if parameter.is_floating_point():
             elements[parameter.dtype] += parameter.numel()
     return elements.most_common(1)[0][0] if elements else torch.float32

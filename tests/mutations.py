@@ -1144,7 +1144,7 @@ MUTATIONS = [
         name="a bf16-true model verified to fp32's tolerance (every compile refused)",
         path="compile_callback/verify.py",
         old="        dtype = compute_dtype(module)\n",
-        new="        dtype = compute_dtype()\n",
+        new="        dtype = autocast_dtype() or torch.float32\n",
         tests=("tests/test_verify.py::test_a_model_trained_in_bf16_true_precision_is_verified_to_bf16s_tolerance",),
     ),
     Mutation(
