@@ -11,7 +11,8 @@ What the child gets, so that its compile keys the caches as the trial's own comp
 - a pickled copy of the candidate's first module (a group of repeated blocks compiles one block's code
   for all) and the input the profiler held for it, moved to the same device with the same strides;
 - dynamo's, AOTAutograd's and Inductor's configuration, the matmul/cuDNN/attention backend flags, the
-  deterministic-algorithms setting and the autocast of the training step's forward, as they are now;
+  deterministic-algorithms setting and the autocast and default dtype of the training step's forward, as they
+  are now;
 - the same calls: :func:`~compile_callback.regions.compile_region`, then the run verification makes
   (:func:`~compile_callback.verify.verify_module`: an eager and a compiled forward and backward, so the
   backward is compiled too; a region with active dropout is verified on a twin, so the child then runs
@@ -52,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -129,6 +130,9 @@ def _settings(context: Any, device: torch.device) -> dict[str, Any]:
         for device_type in ("cuda", "cpu"):
             if torch.is_autocast_enabled(device_type):
                 autocast[device_type] = str(torch.get_autocast_dtype(device_type)).replace("torch.", "")
+        # Lightning's "bf16-true" and "16-true" forwards create tensors in the half dtype (its forward_context
+        # sets the default dtype); dynamo guards on it, so a child without it compiles a graph the run misses.
+        default_dtype = str(torch.get_default_dtype()).replace("torch.", "")
     cuda = torch.backends.cuda
     flags: dict[str, Any] = {
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -149,7 +153,7 @@ def _settings(context: Any, device: torch.device) -> dict[str, Any]:
         "fp32_precision": {path: _attribute(path).fp32_precision for path in _FP32_PRECISION
                            if hasattr(_attribute(path), "fp32_precision")},
     }
-    return {"device": str(device), "autocast": autocast, "flags": flags,
+    return {"device": str(device), "autocast": autocast, "default_dtype": default_dtype, "flags": flags,
             "configs": torch_internals.compile_config_snapshot()}
 
 
@@ -534,12 +538,19 @@ def _child(path: str, parent: int, spawned: float) -> int:
     args, kwargs = _copy((args, kwargs), device)
     stages["loading (unpickling, to the device)"] = time.monotonic() - started
     autocast = settings["autocast"]
+    default_dtype = getattr(torch, settings.get("default_dtype", "float32"))
 
-    def context() -> Any:
-        stack = contextlib.ExitStack()
-        for device_type, dtype in autocast.items():
-            stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))
-        return stack
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:  # the training step's forward as the parent's precision sets it
+        with contextlib.ExitStack() as stack:
+            for device_type, dtype in autocast.items():
+                stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(default_dtype)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(previous)
 
     compile_region(Region(name=header["name"] or "model", module_names=[header["name"]], modules=[module]), header["options"])
     if header["verify"]:

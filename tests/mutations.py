@@ -1154,6 +1154,13 @@ MUTATIONS = [
         new="        reduced = dtype in (torch.float16, torch.bfloat16) and tolerance is None\n",
         tests=("tests/test_verify.py::test_a_model_trained_in_bf16_true_precision_is_verified_to_bf16s_tolerance",),
     ),
+    Mutation(
+        name="a child compiles in float32 where the training forward's default dtype is bf16",
+        path="compile_callback/background.py",
+        old="            torch.set_default_dtype(default_dtype)\n",
+        new="",
+        tests=("tests/test_background.py::test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache",),
+    ),
 ]
 
 

@@ -375,19 +375,30 @@ def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
     assert real_wait(timeout=30) is not None  # the kill was sent: the process ends
 
 
+class MakesATensorInForward(FasterCompiled):
+    """Creates a tensor in its forward, in the default dtype: bf16 under Lightning's ``"bf16-true"``, whose
+    forward context sets it (a child that did not would add a float32 tensor and feed bf16 weights float32)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x + torch.zeros(x.shape[-1]))
+
+
 @pytest.mark.slow
-def test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache(tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
+def test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache(tmp_path, precision):
     # Inductor, its caches in the fit's folder: the child compiles and verifies the whole model there, the
     # trial's compile comes whole from that cache, and the child's check stands for the trial's (on the
-    # H200 the trial's own took 22 s of stopped training for GPT-2: its fp32 reference 17 s).
+    # H200 the trial's own took 22 s of stopped training for GPT-2: its fp32 reference 17 s). Under
+    # "bf16-true" the child compiles in the default dtype the training forward has.
     torch._dynamo.reset()
     callback = CompileCallback(backend="inductor", background_compile=True, cache_dir=str(tmp_path / "cache"),
                                eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1)
-    model = FasterCompiled()
+    model = MakesATensorInForward()
     # Room for a slow child (an Inductor compile in a fresh interpreter on a loaded 2-core machine): eager
     # steps sleep 100 ms while it works, the plan's steps after it take milliseconds.
     steps = 3 * STEPS
-    trainer = make_trainer(tmp_path, [callback], max_steps=steps, max_epochs=100, limit_val_batches=0)
+    trainer = make_trainer(tmp_path, [callback], max_steps=steps, max_epochs=100, limit_val_batches=0,
+                           precision=precision)
     trainer.fit(model, loader(batch_size=8))
     assert trainer.global_step == steps and model.batches_seen == steps
     assert callback.last_report["decisions"], callback.last_report["plan"]["notes"]
