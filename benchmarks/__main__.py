@@ -41,7 +41,7 @@ import torch
 
 from benchmarks import dynamo_counts
 from benchmarks.measure import H200_PEAK_BF16_FLOPS
-from benchmarks.runner import RunSettings, precision, run_workload
+from benchmarks.runner import RunSettings, precision, precision_for, run_workload
 from benchmarks.table import render_result
 from benchmarks.variants import VARIANTS, callback_options, make_callback, trial_budget
 from benchmarks.workloads import VARIANTS as WORKLOAD_VARIANTS
@@ -147,6 +147,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "too); fresh: caches on, each variant starting from an empty cache folder of its own under "
         "<out>/caches, as on a machine that never compiled the model: the callback's default on CUDA.",
     )
+    parser.add_argument(
+        "--precision", choices=("bf16-mixed", "bf16-true", "32-true"), default=None,
+        help="the Lightning variants' Trainer precision (default bf16-mixed on CUDA, 32-true on CPU); "
+        "bf16-true: parameters in bf16, no autocast. The plain-loop (bare_*) variants run bf16 autocast only: "
+        "they cannot be chosen with another precision.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.in_fit_ab is not None and (args.in_fit_ab < 0 or args.in_fit_ab % 4):
@@ -248,6 +254,7 @@ def resolve_settings(args: argparse.Namespace, workload_name: str, device: torch
         in_fit_ab_blocks=ab_blocks if epoch_steps is None else 0,
         in_fit_ab_block_steps=ab_steps,
         fresh_caches_dir=os.path.join(out, "caches") if args.compile_caches == "fresh" else None,
+        precision=args.precision,
     )
 
 
@@ -306,7 +313,7 @@ def new_result(
         "smoke": args.smoke,
         "complete": False,
         "settings": {
-            "precision": precision(settings.device),
+            "precision": precision(settings),
             "total_steps": settings.total_steps,
             "longest_callback_steps": settings.longest_steps,
             "measured_steps": settings.measured_steps,
@@ -349,6 +356,10 @@ def run(args: argparse.Namespace, command: str) -> int:
                 WORKLOAD_VARIANTS[workload_name], args.variants, workload_name,
                 (SMOKE_VARIANTS if args.smoke else DEFAULT_VARIANTS)[workload_name], as_listed=args.as_listed,
             )
+            plain = [name for name in variant_names if not VARIANTS[name].lightning]
+            if plain and precision(settings) != precision_for(device):
+                raise ValueError(f"--precision {args.precision}: the plain-loop variants ({', '.join(plain)}) run "
+                                 f"{precision_for(device)} only; leave them out or leave --precision out.")
             plans.append((workload_name, variant_names, settings))
         memory_cap = apply_memory_cap(args.memory_cap_gb, device) if args.memory_cap_gb is not None else None
     except ValueError as error:

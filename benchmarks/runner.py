@@ -85,10 +85,16 @@ class RunSettings:
     in_fit_ab_blocks: int = 0
     in_fit_ab_block_steps: int = 10
     fresh_caches_dir: str | None = None
+    precision: str | None = None  # the Lightning variants' Trainer precision; None: precision_for(device)
 
 
-def precision(device: torch.device) -> str:
+def precision_for(device: torch.device) -> str:
+    """The Lightning variants' default precision: bf16 autocast on CUDA (the plain loop's too), fp32 on CPU."""
     return "bf16-mixed" if device.type == "cuda" else "32-true"
+
+
+def precision(settings: RunSettings) -> str:
+    return settings.precision or precision_for(settings.device)
 
 
 def initial_state(workload: Workload, device: torch.device, *, seed: int) -> dict[str, torch.Tensor]:
@@ -262,6 +268,8 @@ def _train_and_measure(
             _set_eager_stance(False)  # a fit that failed inside the A/B leaves no stance to the next variant
 
     record: dict[str, Any] = {"compiled": compiled}
+    # The dtype most of the trained weights held at the end (bf16 under --precision bf16-true, fp32 otherwise).
+    record["weights_dtype"] = str(max(module.parameters(), key=lambda p: p.numel()).dtype).replace("torch.", "")
     if callback is not None:
         record["callback_options"] = callback_options(variant, smoke=settings.smoke)
     record.update(meter.result())
@@ -365,7 +373,7 @@ def _lightning_fit(
     trainer = Trainer(
         accelerator="auto",
         devices=1,
-        precision=precision(settings.device),
+        precision=precision(settings),
         max_steps=settings.planned_steps,
         limit_val_batches=0,
         num_sanity_val_steps=0,

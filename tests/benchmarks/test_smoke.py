@@ -861,3 +861,19 @@ def test_hf_gpt2_direct_trains_with_no_forward_in_both_loops(tmp_path):
         assert record["status"] == "ok", record.get("error")
         losses[name] = record["final_loss"]
     assert losses["eager"] == pytest.approx(losses["bare_eager"], rel=1e-4)
+
+
+def test_precision_applies_to_the_lightning_variants_and_refuses_the_plain_loop(tmp_path, capsys):
+    args = parse_args(["--smoke", "--workload", "resnet18_cifar", "--precision", "bf16-true", "--variants", "bare_eager",
+                       "--out", str(tmp_path)])
+    assert run(args, "python -m benchmarks ...") == 2
+    assert "error: --precision bf16-true: the plain-loop variants (bare_eager) run" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+    args = parse_args(["--smoke", "--workload", "resnet18_cifar", "--precision", "bf16-true", "--variants", "eager",
+                       "--steps", "2", "--total-steps", "3", "--out", str(tmp_path)])
+    assert run(args, "python -m benchmarks ...") == 0
+    (path,) = tmp_path.glob("*.json")
+    with open(path) as handle:
+        result = json.load(handle)
+    assert result["settings"]["precision"] == "bf16-true" and result["complete"], result["settings"]
+    assert [r["weights_dtype"] for r in result["records"]] == ["bfloat16", "bfloat16"], result["records"]
