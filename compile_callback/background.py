@@ -545,12 +545,9 @@ def _child(path: str, parent: int, spawned: float) -> int:
         with contextlib.ExitStack() as stack:
             for device_type, dtype in autocast.items():
                 stack.enter_context(torch.autocast(device_type, dtype=getattr(torch, dtype)))
-            previous = torch.get_default_dtype()
+            stack.callback(torch.set_default_dtype, torch.get_default_dtype())
             torch.set_default_dtype(default_dtype)
-            try:
-                yield
-            finally:
-                torch.set_default_dtype(previous)
+            yield
 
     compile_region(Region(name=header["name"] or "model", module_names=[header["name"]], modules=[module]), header["options"])
     if header["verify"]:

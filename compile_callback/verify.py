@@ -394,12 +394,6 @@ REENTRANT_CHECKPOINT_FIX = (
     "Face: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False}))")
 
 
-def _brief(error: BaseException) -> str:
-    """A torch error for a decision's reason: its type and first line, at most 300 characters (a fix named
-    beside it is kept whole)."""
-    return torch_internals.describe_error(error)[:300]
-
-
 def _hf_cache_in(value: Any) -> str | None:
     """The class name of a Hugging Face key/value cache inside a held input (lists, tuples, dicts), or None.
 
@@ -507,7 +501,7 @@ def _verify_module(
             return _out_of_memory(limit, stage, error)
         except Exception as error:  # a backend error must revert the region, not end the run
             if stage == "compile":
-                return VerificationResult(False, float("inf"), limit, "compile", _brief(error))
+                return VerificationResult(False, float("inf"), limit, "compile", torch_internals.describe_error(error)[:300])
             # The held input cannot be replayed eagerly (e.g. HF's DynamicCache, filled by the live step
             # since: "backward through the graph a second time"): unverifiable, so not trusted.
             cache = _hf_cache_in((args, kwargs))
@@ -515,7 +509,7 @@ def _verify_module(
                    f" ({REENTRANT_CHECKPOINT_FIX})" if "use_reentrant=True" in str(error) else "")
             return VerificationResult(False, float("inf"), limit, "verification",
                                       f"the held input could not be replayed eagerly to verify against{fix}: "
-                                      f"{_brief(error)}")
+                                      f"{torch_internals.describe_error(error)[:300]}")
         if count != eager_count or len(compiled_grads) != len(eager_grads):
             return VerificationResult(False, float("inf"), limit, "output count differs")
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]

@@ -44,20 +44,21 @@ def test_the_fp32_rule_allows_one_rounding_unit_where_eagers_own_error_is_tiny()
         .startswith("grad of w (further")
 
 
-def _perturbed(gm, example_inputs):
-    def run(*args):
-        outputs = gm.forward(*args)
-        return [o * 1.2 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs]
+def _scaled(factor: float):
+    """A backend whose floating outputs are ``factor`` times the graph's."""
 
-    return run
+    def backend(gm, example_inputs):
+        def run(*args):
+            outputs = gm.forward(*args)
+            return [o * factor if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs]
+
+        return run
+
+    return backend
 
 
-def _rounded(gm, example_inputs):  # 1% off: past fp32's tolerance, within bf16's
-    def run(*args):
-        outputs = gm.forward(*args)
-        return [o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in outputs]
-
-    return run
+_perturbed = _scaled(1.2)
+_rounded = _scaled(1.01)  # 1% off: past fp32's tolerance, within bf16's
 
 
 def _oom_on_first_call(gm, example_inputs):
