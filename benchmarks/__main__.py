@@ -153,8 +153,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "bf16-true: parameters in bf16, no autocast. The plain-loop (bare_*) variants run bf16 autocast only: "
         "they cannot be chosen with another precision.",
     )
+    parser.add_argument(
+        "--pairs", type=int, default=None, metavar="N",
+        help="eager and the one other variant of --variants in turn, N times, in one process, eager first and last "
+        "(E X E X ... E; no eager_end): each X's first --total-steps wall time against the mean of the eager runs "
+        "either side of it, a comparison the host's drift over minutes does not bias (BENCHMARKS.md's first-1000 "
+        "target on a host whose eager moves 10-30%% between runs).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.pairs is not None and args.pairs < 1:
+        parser.error(f"--pairs must be at least 1; got {args.pairs}.")
     if args.in_fit_ab is not None and (args.in_fit_ab < 0 or args.in_fit_ab % 4):
         parser.error(f"--in-fit-ab must be 0 or a multiple of 4 (whole ABBA cycles); got {args.in_fit_ab}.")
     if args.in_fit_ab_steps is not None and args.in_fit_ab_steps < 3:
@@ -193,6 +202,19 @@ def select_variants(
         return ["eager", *middle, *(["eager_end"] if "eager_end" in workload_variants else [])]
     wanted = set(names) | {"eager", "eager_end"}
     return [name for name in workload_variants if name in wanted]
+
+
+def paired_variants(selected: list[str], pairs: int) -> list[str]:
+    """``--pairs``: eager and the one other selected variant in turn, ``pairs`` times, eager first and last.
+
+    Raises:
+        ValueError: not exactly one variant besides eager and eager_end.
+    """
+    others = [name for name in selected if name not in ("eager", "eager_end")]
+    if len(others) != 1:
+        raise ValueError(f"--pairs alternates eager with one variant; --variants gave {', '.join(others) or 'none'}: "
+                         "name exactly one (e.g. --variants callback).")
+    return ["eager", *[name for _ in range(pairs) for name in (others[0], "eager")]]
 
 
 # In-fit A/B blocks by default where 32 are too few. ResNet-18 CIFAR's 3-8 ms host-bound steps on the H200
@@ -327,6 +349,7 @@ def new_result(
             "compile_caches": COMPILE_CACHES[args.compile_caches],
             "cudnn_attention": workload.cudnn_attention,
             "seed": args.seed,
+            "pairs": args.pairs,
             "memory_cap_gb": None,
             **(memory_cap or {}),
         },
@@ -356,6 +379,8 @@ def run(args: argparse.Namespace, command: str) -> int:
                 WORKLOAD_VARIANTS[workload_name], args.variants, workload_name,
                 (SMOKE_VARIANTS if args.smoke else DEFAULT_VARIANTS)[workload_name], as_listed=args.as_listed,
             )
+            if args.pairs is not None:
+                variant_names = paired_variants(variant_names, args.pairs)
             plain = [name for name in variant_names if not VARIANTS[name].lightning]
             if plain and precision(settings) != precision_for(device):
                 raise ValueError(f"--precision {args.precision}: the plain-loop variants ({', '.join(plain)}) run "

@@ -326,10 +326,27 @@ def render_result(result: dict[str, Any]) -> str:
         "",
         render_table(result),
     ]
+    pairs = render_pairs(result)
+    if pairs:
+        lines += ["", pairs]
     notes = render_notes(result)
     if notes:
         lines += ["", notes]
     return "\n".join(lines) + "\n"
+
+
+def render_pairs(result: dict[str, Any]) -> str:
+    """A ``--pairs`` run's pairs: each callback run's wall time over the run's steps against the eager runs either side."""
+    settings = result.get("settings") or {}
+    if not settings.get("pairs"):
+        return ""
+    steps = settings.get("total_steps")
+    lines = [f"Pairs (`--pairs`: eager and `callback` in turn, each `callback` run's first {steps} steps against the "
+             "eager runs either side of it):"]
+    for number, pair in enumerate(paired_walls(result, steps), 1):
+        lines.append(f"- pair {number}: {pair['wall_s']:.2f} s against eager {pair['eager_before_s']:.2f} s before and "
+                     f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%})")
+    return "\n".join(lines)
 
 
 def render_longer_runs(result: dict[str, Any]) -> str:
@@ -436,6 +453,8 @@ def evaluate_targets(result: dict[str, Any], peers: Sequence[dict[str, Any]] = (
     ``peers``: other runs of the same workload, where a variable-length run finds baselines it lacks.
     """
     workload = result["workload"]
+    if (result.get("settings") or {}).get("pairs"):  # --pairs: a first-steps wall-time A/B and nothing else
+        return [_paired_wall_time_verdict(result)] if workload in SPEEDUP_TARGETS else []
     records = records_by_variant(result)
     callback = _ok(records, "callback")
     invalid = _is_measurement(result)
@@ -689,6 +708,58 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
     unsteady = drift_verdict(drift, passed=passed, ran_later=ran_after(order, "callback", ["eager"]),
                              ran_earlier=ran_before(order, "callback", ["eager"]))
     return Verdict(workload, target, measured, invalid or unsteady or _verdict(passed))
+
+
+PAIRS_FOR_A_VERDICT = 3  # pairs whose two eager runs agree within DRIFT_WARNING
+
+
+def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str = "callback") -> list[dict[str, float]]:
+    """A ``--pairs`` run's ``name`` runs (records in the order they ran: eager, name, eager, name, ..., eager),
+    each one's wall time over its first ``steps`` steps against the eager runs either side of it: ``ratio`` to their mean, and
+    ``eager_move``, how far the second eager run's differs from the first's (the host's move across the pair)."""
+    records = result.get("records", [])
+    pairs = []
+    for index in range(1, len(records) - 1):
+        before, record, after = records[index - 1], records[index], records[index + 1]
+        if record.get("variant") != name or before.get("variant") != "eager" or after.get("variant") != "eager":
+            continue
+        walls = [(r.get("wall_s_at_step") or {}).get(str(steps)) if r.get("status") == "ok" else None
+                 for r in (before, record, after)]
+        if None in walls:
+            continue
+        eager_before, wall, eager_after = walls
+        pairs.append({"wall_s": wall, "eager_before_s": eager_before, "eager_after_s": eager_after,
+                      "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1})
+    return pairs
+
+
+def _paired_wall_time_verdict(result: dict[str, Any]) -> Verdict:
+    """The SPEC's first-steps wall time from a ``--pairs`` run: the median of the callback's ratios to the eager
+    runs either side of it, over the pairs whose two eager runs agree within :data:`DRIFT_WARNING` (a host that
+    moved inside a pair says nothing about it); inconclusive with fewer than :data:`PAIRS_FOR_A_VERDICT` such
+    pairs. The bound is :func:`_wall_time_verdict`'s."""
+    workload = result["workload"]
+    below = workload in SPEC_WALL_BELOW_EAGER
+    target = (f"first {SPEC_WALL_STEPS} steps wall time below eager's" if below
+              else f"first {SPEC_WALL_STEPS} steps wall time ≤ {SPEC_WALL_RATIO:.2f}× eager's")
+    invalid = _is_measurement(result)
+    caches = (result.get("settings") or {}).get("compile_caches")
+    pairs = paired_walls(result)
+    if not pairs:
+        return Verdict(workload, target, f"(run with --total-steps {SPEC_WALL_STEPS})", invalid or NOT_MEASURED)
+    if _caches_disabled(caches):
+        return Verdict(workload, target, f"{len(pairs)} pairs{CACHES_DISABLED}", invalid or NOT_MEASURED)
+    steady = [pair for pair in pairs if abs(pair["eager_move"]) <= DRIFT_WARNING]
+    listed = ", ".join(f"{pair['ratio']:.3f}×" + ("" if pair in steady else f" (eager moved {pair['eager_move']:+.1%})")
+                       for pair in pairs)
+    if len(steady) < PAIRS_FOR_A_VERDICT:
+        return Verdict(workload, target, f"pairs {listed}", invalid or (
+            f"inconclusive ({len(steady)} of {len(pairs)} pairs with eager within {DRIFT_WARNING:.0%} either side; "
+            f"{PAIRS_FOR_A_VERDICT} needed)"))
+    median = statistics.median(pair["ratio"] for pair in steady)
+    measured = (f"median {median:.3f}× over {len(steady)} pairs, each against the eager runs either side "
+                f"(pairs {listed}; callback {statistics.median(p['wall_s'] for p in steady):.1f} s)")
+    return Verdict(workload, target, measured, invalid or _verdict(median < 1.0 if below else median <= SPEC_WALL_RATIO))
 
 
 INCONCLUSIVE = "inconclusive (cross-run)"

@@ -326,6 +326,20 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_checks.py::test_the_targets_table_counts_the_stored_runs_that_met_each_target",),
     ),
     Mutation(
+        name="a paired run's median keeps the pairs across which eager moved",
+        path="benchmarks/table.py",
+        old="    steady = [pair for pair in pairs if abs(pair[\"eager_move\"]) <= DRIFT_WARNING]\n",
+        new="    steady = list(pairs)\n",
+        tests=("tests/benchmarks/test_checks.py::test_a_paired_run_answers_the_first_steps_wall_time_by_its_pairs_medians",),
+    ),
+    Mutation(
+        name="--pairs ends on the variant, not on eager",
+        path="benchmarks/__main__.py",
+        old="    return [\"eager\", *[name for _ in range(pairs) for name in (others[0], \"eager\")]]\n",
+        new="    return [\"eager\", *[name for _ in range(pairs) for name in (\"eager\", others[0])]]\n",
+        tests=("tests/benchmarks/test_smoke.py::test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported",),
+    ),
+    Mutation(
         name="the state key forgets the regions",
         path="compile_callback/callback.py",
         old="        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",

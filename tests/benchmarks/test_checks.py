@@ -417,6 +417,52 @@ def test_the_first_steps_wall_time_is_held_to_the_specs_bound_for_each_workload(
     assert verdict("gpt2", 29.9)["first 1000 steps wall time below eager's"][1] == table.MET
 
 
+def _paired(workload, walls, *, caches="fresh", date="2026-12-05T19:00"):
+    """A --pairs run: eager, callback, eager, ... with these first-1000 wall times, in the order they ran."""
+    names = ["eager" if index % 2 == 0 else "callback" for index in range(len(walls))]
+    records = [{"variant": name, "status": "ok", "median_ms": 6.0, "wall_s_at_step": {"1000": wall}}
+               for name, wall in zip(names, walls)]
+    return {"workload": workload, "smoke": False, "gpu": "NVIDIA H200", "date": date, "records": records,
+            "settings": {"total_steps": 1000, "pairs": len(walls) // 2, "compile_caches": COMPILE_CACHES[caches]}}
+
+
+def test_a_paired_run_answers_the_first_steps_wall_time_by_its_pairs_medians():
+    """`--pairs`: each callback run against the mean of the eager runs either side of it; pairs across which
+    eager moved more than 5% say nothing; the median of the rest against the SPEC's bound."""
+    target = "first 1000 steps wall time ≤ 1.02× eager's"
+    # Eager drifts 6.8 -> 7.4 s over the run; the callback reads 1.007-1.014x its neighbours.
+    result = _paired("resnet18_cifar", [6.8, 6.90, 6.9, 7.10, 7.1, 7.25, 7.2, 7.40, 7.4])
+    pairs = table.paired_walls(result)
+    assert [round(p["ratio"], 4) for p in pairs] == [round(6.9 / 6.85, 4), round(7.1 / 7.0, 4), round(7.25 / 7.15, 4),
+                                                      round(7.4 / 7.3, 4)]
+    assert pairs[0]["eager_move"] == pytest.approx(6.9 / 6.8 - 1)
+    verdicts = table.evaluate_targets(result)
+    assert [v.target for v in verdicts] == [target]  # a paired run answers this target only
+    assert verdicts[0].verdict == table.MET and verdicts[0].measured.startswith("median 1.014× over 4 pairs")
+    assert "pair 2: 7.10 s against eager 6.90 s before and 7.10 s after: 1.014×" in table.render_result(result)
+    # Callback runs 1.03-1.04x their neighbours: not met.
+    slower = _paired("resnet18_cifar", [6.8, 7.05, 6.9, 7.25, 7.1, 7.40, 7.2, 7.60, 7.4])
+    assert table.evaluate_targets(slower)[0].verdict == table.NOT_MET
+    # A pair across which eager moved 10% is left out of the median, and listed as such.
+    jumpy = _paired("resnet18_cifar", [6.8, 6.90, 6.9, 8.00, 7.6, 7.70, 7.6, 7.70, 7.6, 7.75, 7.7])
+    jumpy_verdict = table.evaluate_targets(jumpy)[0]
+    assert "over 4 pairs" in jumpy_verdict.measured and "(eager moved +10.1%)" in jumpy_verdict.measured
+    assert jumpy_verdict.verdict == table.MET  # without that pair (1.103x) the median is 1.013x
+    few = _paired("resnet18_cifar", [6.8, 6.9, 6.9, 7.0, 7.0, 8.0, 7.8])
+    assert table.evaluate_targets(few)[0].verdict.startswith("inconclusive (2 of 3 pairs with eager within 5%")
+    # GPT-2's bound is below eager's; caches off: the callback compiles in-process, not measured.
+    assert table.evaluate_targets(_paired("gpt2", [44.0, 43.5, 44.2, 44.5, 44.4, 43.9, 44.1]))[0].verdict == table.MET
+    assert table.evaluate_targets(_paired("gpt2", [44.0, 44.3, 44.2, 44.5, 44.4, 44.5, 44.1]))[0].verdict == table.NOT_MET
+    assert table.evaluate_targets(_paired("resnet18_cifar", [6.8, 6.9, 6.9, 7.0, 7.0, 7.1, 7.1], caches="off"))[0].verdict == (
+        table.NOT_MEASURED)
+    # The newest run that measured the target answers it, a paired one as any other.
+    eager = {**EAGER, "wall_s_at_step": {"1000": 7.0}}
+    single = _run(eager, {**_callback(3.0, speedup=2.5), "wall_s_at_step": {"1000": 7.5}}, workload="resnet18_cifar")
+    single = {**single, "date": "2026-12-04T10:00", "settings": {**single["settings"], "compile_caches": COMPILE_CACHES["fresh"]}}
+    chosen = {v.target: (v.verdict, r["date"]) for v, r in table.best_verdicts([single, result])}
+    assert chosen[target] == (table.MET, "2026-12-05T19:00")
+
+
 def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round():
     """The harness's step times over the batches of the callback's last round (eager blocks 0 and 3 of each
     ABBA cycle, the first step of a block not counted), beside the end-of-run A/B: the same moment by

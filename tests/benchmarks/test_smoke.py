@@ -243,6 +243,38 @@ def test_selected_variants_keep_the_workload_order_and_add_eager_at_both_ends():
     ]
 
 
+def test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported(tmp_path, capsys):
+    """`--pairs 2`: eager, callback, eager, callback, eager in one process, each a fresh fit; the table lists
+    every callback run against the eager runs either side of it. One variant besides eager, or refused."""
+    assert run(parse_args(["--smoke", "--workload", "gpt2", "--variants", "callback", "whole", "--pairs", "2",
+                           "--out", str(tmp_path)]), "python -m benchmarks") == 2
+    assert "--pairs alternates eager with one variant; --variants gave whole, callback" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--pairs", "0"])
+    assert "--pairs must be at least 1; got 0." in capsys.readouterr().err
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--workload", "gpt2", "--variants", "callback", "--pairs", "2",
+         "--total-steps", "6", "--in-fit-ab", "0", "--compile-caches", "fresh", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "gpt2-smoke-*.json"))
+    with open(path) as handle:
+        result = json.load(handle)
+    records = result["records"]
+    assert [r["variant"] for r in records] == ["eager", "callback", "eager", "callback", "eager"]
+    assert result["settings"]["pairs"] == 2 and all(r["status"] == "ok" and r["steps_run"] >= 6 for r in records)
+    # Each run a cold fit of its own: its own empty compile cache, one after the other.
+    assert len({r["compile_cache_dir"] for r in records}) == 5
+    assert all(a["ended_at"] <= b["started_at"] for a, b in zip(records, records[1:]))
+    walls = [r["wall_s_at_step"]["6"] for r in records]
+    pairs = table.paired_walls(result, 6)
+    assert [p["ratio"] for p in pairs] == pytest.approx([walls[1] / ((walls[0] + walls[2]) / 2),
+                                                         walls[3] / ((walls[2] + walls[4]) / 2)])
+    text = table.render_result(result)
+    assert f"- pair 2: {walls[3]:.2f} s against eager {walls[2]:.2f} s before and {walls[4]:.2f} s after" in text
+
+
 def test_steps_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])
