@@ -179,6 +179,9 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
     reason = skip_reason(variant)
     if reason is not None:
         return {**record, "status": "skipped", "reason": reason}
+    # A variant after a callback variant starts once that callback's children (and their compile workers) are
+    # gone: a compile left running would slow this variant and flatter the one before it (--pairs).
+    record["compile_processes_left"], record["waited_for_compile_processes_s"] = wait_for_compile_processes()
     record["started_at"] = time.time()  # wall clock: matches a concurrent host probe's samples
     try:
         with fresh_compile_cache(settings.fresh_caches_dir, variant.name) as cache_dir:
@@ -195,6 +198,42 @@ def run_variant(workload: Workload, variant: Variant, settings: RunSettings, sta
         if settings.device.type == "cuda":
             torch.cuda.empty_cache()
     return record
+
+
+COMPILE_PROCESSES_WAIT_S = 60.0
+CHILD_BOOT = os.path.join("compile_callback", "boot.py")
+
+
+def compile_processes_of_others() -> list[int]:
+    """Processes compiling for another process than this one: a CompileCallback's children and standbys
+    (``-m compile_callback.background``, or its ``compile_callback/boot.py`` and the processes that forks) and
+    Inductor compile workers whose ``--parent`` is not this process (a child's). Empty where ``/proc`` cannot be
+    read (not Linux)."""
+    me = os.getpid()
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
+    except OSError:
+        return []
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                arguments = handle.read().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        ours = any(a == "compile_callback.background" or a.endswith(CHILD_BOOT) for a in arguments)
+        if ours or (any("compile_worker" in a for a in arguments) and f"--parent={me}" not in arguments):
+            found.append(pid)
+    return found
+
+
+def wait_for_compile_processes(limit_s: float = COMPILE_PROCESSES_WAIT_S) -> tuple[int, float]:
+    """Waits up to ``limit_s`` for :func:`compile_processes_of_others` to end; returns how many are left
+    and the seconds waited."""
+    started = time.monotonic()
+    while (left := len(compile_processes_of_others())) and time.monotonic() - started < limit_s:
+        time.sleep(0.2)
+    return left, round(time.monotonic() - started, 3)
 
 
 @contextlib.contextmanager

@@ -343,9 +343,14 @@ def render_pairs(result: dict[str, Any]) -> str:
     steps = settings.get("total_steps")
     lines = [f"Pairs (`--pairs`: eager and `callback` in turn, each `callback` run's first {steps} steps against the "
              "eager runs either side of it):"]
+    left = [f"{r['variant']} run {index + 1}" for index, r in enumerate(result.get("records", []))
+            if r.get("compile_processes_left")]
+    if left:  # a compile of the run before still going: that run's pair is flattered
+        lines[0] += f" **compile processes of an earlier run still running at the start of {', '.join(left)}**"
     for number, pair in enumerate(paired_walls(result, steps), 1):
         lines.append(f"- pair {number}: {pair['wall_s']:.2f} s against eager {pair['eager_before_s']:.2f} s before and "
-                     f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%})")
+                     f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%}; "
+                     f"the eager run after it waited {pair['waited_after_s']:.1f} s for its compile processes to end)")
     return "\n".join(lines)
 
 
@@ -729,7 +734,8 @@ def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str
             continue
         eager_before, wall, eager_after = walls
         pairs.append({"wall_s": wall, "eager_before_s": eager_before, "eager_after_s": eager_after,
-                      "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1})
+                      "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1,
+                      "waited_after_s": after.get("waited_for_compile_processes_s") or 0.0})
     return pairs
 
 

@@ -266,13 +266,35 @@ def test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported(tmp_pa
     assert result["settings"]["pairs"] == 2 and all(r["status"] == "ok" and r["steps_run"] >= 6 for r in records)
     # Each run a cold fit of its own: its own empty compile cache, one after the other.
     assert len({r["compile_cache_dir"] for r in records}) == 5
-    assert all(a["ended_at"] <= b["started_at"] for a, b in zip(records, records[1:]))
+    assert all(a["ended_at"] <= b["started_at"] and b["compile_processes_left"] == 0 for a, b in zip(records, records[1:]))
     walls = [r["wall_s_at_step"]["6"] for r in records]
     pairs = table.paired_walls(result, 6)
     assert [p["ratio"] for p in pairs] == pytest.approx([walls[1] / ((walls[0] + walls[2]) / 2),
                                                          walls[3] / ((walls[2] + walls[4]) / 2)])
     text = table.render_result(result)
     assert f"- pair 2: {walls[3]:.2f} s against eager {walls[2]:.2f} s before and {walls[4]:.2f} s after" in text
+
+
+def test_a_variant_waits_for_the_compile_processes_an_earlier_one_left():
+    """A CompileCallback child (``compile_callback`` in its command line) still running when the next variant
+    would start: found, waited for, counted where it outlives the wait; this process's own Inductor workers are not."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "compile_callback/boot.py"])
+    try:
+        assert child.pid in runner.compile_processes_of_others()
+        left, waited = runner.wait_for_compile_processes(0.5)
+        assert left >= 1 and waited >= 0.5  # waited the whole limit, then counted it
+        child.kill()
+        child.wait()
+        # (not `left == 0`: the tests beside this one may run Inductor workers of their own)
+        assert child.pid not in runner.compile_processes_of_others()
+    finally:
+        child.kill()
+    own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "compile_worker", f"--parent={os.getpid()}"])
+    try:
+        assert own.pid not in runner.compile_processes_of_others()
+    finally:
+        own.kill()
+        own.wait()
 
 
 def test_steps_must_be_positive(capsys):
