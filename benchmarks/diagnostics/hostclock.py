@@ -42,8 +42,22 @@ def _cpu_now() -> int | None:
         return None
 
 
+def _cpu_jiffies() -> dict[str, int] | None:
+    """The machine's CPU time so far over all cores (``/proc/stat``, in clock ticks): busy (user, nice,
+    system, irq, softirq), steal (time a virtual machine's cores waited for the host's) and in all; None
+    where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(value) for value in handle.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return {"busy": user + nice + system + irq + softirq, "steal": steal, "all": sum(fields)}
+
+
 def sample() -> dict[str, Any]:
-    """One reading: milliseconds of the pure-Python and of the CPU-op probe, the wall time and core."""
+    """One reading: milliseconds of the pure-Python and of the CPU-op probe, the wall time and core, and the
+    machine's CPU time so far (:func:`_cpu_jiffies`)."""
     start = time.perf_counter()
     total = 0
     for i in range(PY_LOOP):
@@ -54,7 +68,22 @@ def sample() -> dict[str, Any]:
     for _ in range(CPU_OPS):
         x = x + 1
     ops_ms = (time.perf_counter() - start) * 1e3
-    return {"t": time.time(), "py_ms": round(python_ms, 4), "ops_ms": round(ops_ms, 4), "core": _cpu_now()}
+    return {"t": time.time(), "py_ms": round(python_ms, 4), "ops_ms": round(ops_ms, 4), "core": _cpu_now(),
+            "jiffies": _cpu_jiffies()}
+
+
+def cpu_shares(samples: list[dict[str, Any]], start: float, end: float) -> dict[str, float] | None:
+    """The machine's busy and steal shares of its CPU time between ``start`` and ``end`` (the samples nearest
+    inside): how loaded its cores were (a background child's compile workers among the load), and how much of
+    the time the host withheld them; None with fewer than two samples that carry the counters."""
+    inside = [s for s in samples if start <= s["t"] <= end and s.get("jiffies")]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0]["jiffies"], inside[-1]["jiffies"]
+    total = last["all"] - first["all"]
+    if total <= 0:
+        return None
+    return {"busy": (last["busy"] - first["busy"]) / total, "steal": (last["steal"] - first["steal"]) / total}
 
 
 def run(out: str, interval: float, seconds: float | None) -> None:
@@ -83,10 +112,14 @@ def compare(samples: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[
     first ``eager``'s. ``process_over_host``: the step's ratio over the clock's (ops probe): above 1, the
     variant ran slower than the host's speed explains."""
     rows = []
-    for variant, start, end, median_ms in variant_spans(result):
+    whole = {id(r): (r.get("started_at"), r.get("ended_at")) for r in result.get("records", [])}
+    spans = [r for r in result.get("records", []) if r.get("started_at") is not None and r.get("ended_at") is not None]
+    for record, (variant, start, end, median_ms) in zip(spans, variant_spans(result)):
         inside = [s for s in samples if start <= s["t"] <= end]
+        shares = cpu_shares(samples, *whole[id(record)])  # over the variant's whole run: a child's start-up too
         rows.append({
             "variant": variant, "median_ms": median_ms, "clock_samples": len(inside),
+            "busy": shares and shares["busy"], "steal": shares and shares["steal"],
             "py_ms": statistics.median(s["py_ms"] for s in inside) if inside else None,
             "ops_ms": statistics.median(s["ops_ms"] for s in inside) if inside else None,
         })
@@ -112,7 +145,8 @@ def _read(argv: argparse.Namespace) -> None:
         for row in compare(samples, result):
             cells = [f"{row['variant']:<10}"] + [
                 f"{key} {row[key]:.3f}" if isinstance(row[key], float) else f"{key} -"
-                for key in ("median_ms", "ops_ms", "py_ms", "step_vs_eager", "clock_vs_eager", "process_over_host")
+                for key in ("median_ms", "ops_ms", "py_ms", "step_vs_eager", "clock_vs_eager", "process_over_host",
+                            "busy", "steal")
             ]
             print("  " + ", ".join(cells) + f", samples {row['clock_samples']}")
 

@@ -29,11 +29,31 @@ def test_a_slower_variant_is_charged_to_the_host_only_as_far_as_the_clock_slowed
     assert rows["eager_end"]["process_over_host"] == pytest.approx(1.3 / 1.2)
 
 
+def test_the_machines_busy_and_steal_shares_are_read_over_each_variants_whole_run():
+    """/proc/stat's counters in each reading: a variant whose background child kept 12 of 16 cores busy, and the
+    host withheld 1 in 16, reads busy 0.75 and steal 0.0625 over its whole run, its start-up included."""
+    result = {"records": [
+        {"variant": "eager", "median_ms": 7.0, "started_at": 0.0, "ended_at": 10.0},
+        {"variant": "callback", "median_ms": 7.5, "started_at": 10.0, "ended_at": 20.0},
+    ]}
+    samples, busy, steal, every = [], 0, 0, 0
+    for t in range(21):
+        samples.append({"t": float(t), "py_ms": 1.0, "ops_ms": 5.0,
+                        "jiffies": {"busy": busy, "steal": steal, "all": every}})
+        loaded = t >= 10
+        busy, steal, every = busy + (1200 if loaded else 100), steal + (100 if loaded else 0), every + 1600
+    rows = {row["variant"]: row for row in hostclock.compare(samples, result)}
+    assert rows["eager"]["busy"] == pytest.approx(100 / 1600) and rows["eager"]["steal"] == 0.0
+    assert rows["callback"]["busy"] == pytest.approx(0.75) and rows["callback"]["steal"] == pytest.approx(0.0625)
+    assert hostclock.cpu_shares(samples[:1], 0.0, 30.0) is None  # one reading: no share
+
+
 def test_the_clock_writes_one_reading_per_sample_and_reads_them_back(tmp_path, capsys):
     clock, result = tmp_path / "clock.jsonl", tmp_path / "result.json"
     hostclock.main(["run", "--out", str(clock), "--interval", "0.05", "--seconds", "0.3"])
     samples = [json.loads(line) for line in clock.read_text().splitlines()]
     assert len(samples) >= 2 and all(s["py_ms"] > 0 and s["ops_ms"] > 0 for s in samples)
+    assert all(s["jiffies"]["all"] >= s["jiffies"]["busy"] + s["jiffies"]["steal"] for s in samples)  # Linux
     result.write_text(json.dumps({"workload": "w", "records": [
         {"variant": "eager", "median_ms": 2.0, "started_at": samples[0]["t"] - 1, "ended_at": samples[-1]["t"] + 1}]}))
     hostclock.main(["read", str(clock), str(result)])
