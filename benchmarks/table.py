@@ -351,6 +351,10 @@ def render_pairs(result: dict[str, Any]) -> str:
         lines.append(f"- pair {number}: {pair['wall_s']:.2f} s against eager {pair['eager_before_s']:.2f} s before and "
                      f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%}; "
                      f"the eager run after it waited {pair['waited_after_s']:.1f} s for its compile processes to end)")
+    windows = paired_windows(result)
+    if windows:
+        lines.append(f"- `callback` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
+                     f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in windows)}")
     return "\n".join(lines)
 
 
@@ -737,6 +741,29 @@ def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str
                       "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1,
                       "waited_after_s": after.get("waited_for_compile_processes_s") or 0.0})
     return pairs
+
+
+PAIR_WINDOW = 100  # steps per window of paired_windows
+
+
+def paired_windows(result: dict[str, Any], name: str = "callback", window: int = PAIR_WINDOW) -> list[float]:
+    """A ``--pairs`` run's ``name`` runs window by window: per ``window`` steps from the start, the median over
+    the pairs of the run's summed step times there against the mean of the eager runs' either side, in the
+    windows every run of the pairs covers: where in the run its cost lies (a child's start, its compile)."""
+    records = result.get("records", [])
+    triples = [[r.get("step_ms_all") or [] for r in records[index - 1:index + 2]]
+               for index in range(1, len(records) - 1)
+               if records[index].get("variant") == name and records[index - 1].get("variant") == "eager"
+               and records[index + 1].get("variant") == "eager"]
+    if not triples:
+        return []
+    windows = min(len(steps) for triple in triples for steps in triple) // window
+    ratios = []
+    for number in range(windows):
+        cut = slice(number * window, (number + 1) * window)
+        ratios.append(statistics.median(sum(run[cut]) / ((sum(before[cut]) + sum(after[cut])) / 2)
+                                        for before, run, after in triples))
+    return ratios
 
 
 def _paired_wall_time_verdict(result: dict[str, Any]) -> Verdict:

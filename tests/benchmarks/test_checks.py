@@ -463,6 +463,20 @@ def test_a_paired_run_answers_the_first_steps_wall_time_by_its_pairs_medians():
     assert chosen[target] == (table.MET, "2026-12-05T19:00")
 
 
+def test_a_paired_run_shows_where_in_the_run_the_callback_costs_its_time():
+    """Window by window (100 steps), each callback run against the eager runs either side, the median over
+    the pairs: a child's start-up slowing the first 100 steps by 10% shows there and nowhere else."""
+    result = _paired("resnet18_cifar", [7.0] * 5)
+    for index, record in enumerate(result["records"]):
+        eager_ms = 7.0 + 0.2 * index  # the host slows run by run; the windows' ratios do not see it
+        steps = [eager_ms] * 250
+        if record["variant"] == "callback":
+            steps = [eager_ms * 1.1] * 100 + [eager_ms] * 150  # (the mean of its neighbours is its own host's speed)
+        record["step_ms_all"] = steps
+    assert table.paired_windows(result) == pytest.approx([1.1, 1.0])  # 2 whole windows of 250 steps
+    assert "100 steps at a time from the start (median over the pairs): 1.100×, 1.000×" in table.render_pairs(result)
+
+
 def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round():
     """The harness's step times over the batches of the callback's last round (eager blocks 0 and 3 of each
     ABBA cycle, the first step of a block not counted), beside the end-of-run A/B: the same moment by
