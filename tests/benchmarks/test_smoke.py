@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -280,6 +281,9 @@ def test_a_variant_waits_for_the_compile_processes_an_earlier_one_left():
     would start: found, waited for, counted where it outlives the wait; this process's own Inductor workers are not."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "compile_callback/boot.py"])
     try:
+        deadline = time.monotonic() + 10  # until its exec: before, /proc shows this process's command line
+        while child.pid not in runner.compile_processes_of_others() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert child.pid in runner.compile_processes_of_others()
         left, waited = runner.wait_for_compile_processes(0.5)
         assert left >= 1 and waited >= 0.5  # waited the whole limit, then counted it
@@ -291,6 +295,12 @@ def test_a_variant_waits_for_the_compile_processes_an_earlier_one_left():
         child.kill()
     own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "compile_worker", f"--parent={os.getpid()}"])
     try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until its exec, as above
+            with open(f"/proc/{own.pid}/cmdline", "rb") as handle:
+                if b"compile_worker" in handle.read():
+                    break
+            time.sleep(0.05)
         assert own.pid not in runner.compile_processes_of_others()
     finally:
         own.kill()
