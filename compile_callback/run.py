@@ -542,7 +542,12 @@ class CompileRun:
         :data:`PLAN_TIMED_EVERY`-th after, counted again from any step that compiled. Those feed only the
         steady step time (the last 100 timed); a CUDA event pair and its read cost the H200's host ~40 us
         a step, 1% of ResNet-18 CIFAR's 4 ms. With several shapes every step is timed: a sample every few
-        steps could fall on some shapes only."""
+        steps could fall on some shapes only. A warm-up batch (:data:`WARMUP`: settling after a compile, or
+        training on while a background child compiles, often hundreds of batches) is not: its time would be
+        discarded, after an event recorded and the batch walked for its shapes (a quarter of the hooks' time
+        in such a batch on CPU)."""
+        if self._label == WARMUP:
+            return False
         if self._label != COMPILED or self._keys_wanted():
             return True
         return self._plan_step_sampled(PLAN_TIMED_FIRST, PLAN_TIMED_EVERY)

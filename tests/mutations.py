@@ -738,6 +738,13 @@ MUTATIONS = [
         tests=("tests/test_timing.py::test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several",),
     ),
     Mutation(
+        name="warm-up batches timed though their time is discarded (an event and a walk of the batch each)",
+        path="compile_callback/run.py",
+        old="        if self._label == WARMUP:\n            return False\n",
+        new="",
+        tests=("tests/test_timing.py::test_warm_up_batches_are_not_timed_and_the_eager_baseline_is",),
+    ),
+    Mutation(
         name="a quiet step that compiled is not recorded until a later full step",
         path="compile_callback/run.py",
         old="        if quiet and self.watch.idle:",

@@ -199,6 +199,39 @@ def test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step
     assert len(timed) > 60 and all(timed), [n for n, t in enumerate(timed, 1) if not t]
 
 
+def test_warm_up_batches_are_not_timed_and_the_eager_baseline_is(tmp_path, monkeypatch):
+    """A warm-up batch's time is discarded (the first steps, the settling after a compile, and every batch that
+    trains on while a background child compiles): it is not timed at all, which spared a CUDA event and a walk
+    of the batch for its shapes each such batch. The eager baseline and the plan's first steps are."""
+    from compile_callback import CompileCallback
+    from compile_callback import run as run_module
+    from compile_callback.planner import COMPILED, EAGER, WARMUP
+    from tests.conftest import TinyModel, loader, make_trainer
+
+    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=4, warmup_steps=3, anatomy=False)
+    seen: list[tuple[str | None, bool]] = []
+    started: list[bool] = []
+    start, after_batch = StepTimer.start, run_module.CompileRun.after_batch
+
+    def counted_start(self):
+        started.append(True)
+        return start(self)
+
+    def recorded_after_batch(self, batch, *, step):
+        seen.append((self._label, bool(started)))
+        started.clear()
+        return after_batch(self, batch, step=step)
+
+    monkeypatch.setattr(StepTimer, "start", counted_start)
+    monkeypatch.setattr(run_module.CompileRun, "after_batch", recorded_after_batch)
+    make_trainer(tmp_path, [callback], max_epochs=-1, max_steps=20).fit(TinyModel(), loader(batch_size=8))
+    labels = [label for label, _ in seen]
+    assert labels[:3] == [WARMUP] * 3 and labels[3:7] == [EAGER] * 4 and labels.count(WARMUP) == 6  # 3 + 3 settling
+    assert [timed for label, timed in seen if label == WARMUP] == [False] * 6
+    assert all(timed for label, timed in seen if label == EAGER)
+    assert any(timed for label, timed in seen if label == COMPILED) and callback.run.timer.median_ms(EAGER) is not None
+
+
 def test_steady_steps_take_the_quiet_path_and_a_compile_in_one_is_still_recorded(tmp_path, monkeypatch):
     """Once the plan froze, its steady steps skip the hooks' bookkeeping (``CompileRun.quiet_step``): only
     sampled ones are timed. A recompile in such a step is still counted, with its region and step, as
