@@ -87,7 +87,7 @@ def _median(values: list[float | None]) -> float | None:
 def compare(samples: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per variant: its median step and, over the same span, the SM clock, power and reasons."""
     rows = []
-    for variant, start, end, median_ms in variant_spans(result):
+    for variant, start, end, median_ms, _ in variant_spans(result):
         inside = [s for s in samples if start <= s["epoch"] <= end]
         row: dict[str, Any] = {"variant": variant, "median_ms": median_ms, "samples": len(inside)}
         if inside:

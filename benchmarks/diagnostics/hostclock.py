@@ -95,15 +95,15 @@ def run(out: str, interval: float, seconds: float | None) -> None:
             time.sleep(interval)
 
 
-def variant_spans(result: dict[str, Any], *, tail: float = 0.5) -> list[tuple[str, float, float, float | None]]:
-    """``(variant, start, end, median_ms)`` of each record with wall times: the last ``tail`` of its span,
-    where its steady window lies."""
+def variant_spans(result: dict[str, Any], *, tail: float = 0.5) -> list[tuple[str, float, float, float | None, float]]:
+    """``(variant, start, end, median_ms, started)`` of each record with wall times: the last ``tail`` of its span,
+    where its steady window lies, and when its whole run started."""
     spans = []
     for record in result.get("records", []):
         start, end = record.get("started_at"), record.get("ended_at")
         if start is None or end is None:
             continue
-        spans.append((record["variant"], end - tail * (end - start), end, record.get("median_ms")))
+        spans.append((record["variant"], end - tail * (end - start), end, record.get("median_ms"), start))
     return spans
 
 
@@ -112,11 +112,9 @@ def compare(samples: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[
     first ``eager``'s. ``process_over_host``: the step's ratio over the clock's (ops probe): above 1, the
     variant ran slower than the host's speed explains."""
     rows = []
-    whole = {id(r): (r.get("started_at"), r.get("ended_at")) for r in result.get("records", [])}
-    spans = [r for r in result.get("records", []) if r.get("started_at") is not None and r.get("ended_at") is not None]
-    for record, (variant, start, end, median_ms) in zip(spans, variant_spans(result)):
+    for variant, start, end, median_ms, started in variant_spans(result):
         inside = [s for s in samples if start <= s["t"] <= end]
-        shares = cpu_shares(samples, *whole[id(record)])  # over the variant's whole run: a child's start-up too
+        shares = cpu_shares(samples, started, end)  # over the variant's whole run: a child's start-up too
         rows.append({
             "variant": variant, "median_ms": median_ms, "clock_samples": len(inside),
             "busy": shares and shares["busy"], "steal": shares and shares["steal"],
