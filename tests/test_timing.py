@@ -147,17 +147,13 @@ def test_step_timer_reuses_read_events_and_never_one_still_pending(monkeypatch):
     assert _FakeEvent.made <= 2 * 10 + 2, _FakeEvent.made
 
 
-def _timed_plan_steps(tmp_path, monkeypatch, train_loader, *, max_steps: int, baseline: int = 2) -> tuple[list[bool], object]:
-    """Fits TinyModel with a fixed plan (its blocks, the eager backend) and returns, for each batch the
-    plan ran compiled (a compiling one aside), whether its step was timed, in order; and the callback."""
-    from compile_callback import CompileCallback
+def _fit_recording_batches(tmp_path, monkeypatch, callback, train_loader, *, max_steps: int) -> list[tuple]:
+    """Fits TinyModel with ``callback`` and returns, for each batch in order, its planner label, whether its
+    step was timed (the step timer started), and whether it compiled."""
     from compile_callback import run as run_module
-    from compile_callback.planner import COMPILED
     from tests.conftest import TinyModel, make_trainer
 
-    # anatomy=False, as on CUDA: the plan's steady steps are then quiet ones (CompileRun.quiet_step).
-    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=baseline, warmup_steps=1, anatomy=False)
-    timed: list[bool] = []
+    seen: list[tuple] = []
     started: list[bool] = []
     start, after_batch = StepTimer.start, run_module.CompileRun.after_batch
 
@@ -166,15 +162,26 @@ def _timed_plan_steps(tmp_path, monkeypatch, train_loader, *, max_steps: int, ba
         return start(self)
 
     def recorded_after_batch(self, batch, *, step):
-        if self._label == COMPILED and not self.watch.compiled_since_collect:
-            timed.append(bool(started))
+        seen.append((self._label, bool(started), self.watch.compiled_since_collect))
         started.clear()
         return after_batch(self, batch, step=step)
 
     monkeypatch.setattr(StepTimer, "start", counted_start)
     monkeypatch.setattr(run_module.CompileRun, "after_batch", recorded_after_batch)
     make_trainer(tmp_path, [callback], max_epochs=-1, max_steps=max_steps).fit(TinyModel(), train_loader)
-    return timed, callback
+    return seen
+
+
+def _timed_plan_steps(tmp_path, monkeypatch, train_loader, *, max_steps: int, baseline: int = 2) -> tuple[list[bool], object]:
+    """Fits TinyModel with a fixed plan (its blocks, the eager backend) and returns, for each batch the
+    plan ran compiled (a compiling one aside), whether its step was timed, in order; and the callback."""
+    from compile_callback import CompileCallback
+    from compile_callback.planner import COMPILED
+
+    # anatomy=False, as on CUDA: the plan's steady steps are then quiet ones (CompileRun.quiet_step).
+    callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=baseline, warmup_steps=1, anatomy=False)
+    seen = _fit_recording_batches(tmp_path, monkeypatch, callback, train_loader, max_steps=max_steps)
+    return [timed for label, timed, compiled in seen if label == COMPILED and not compiled], callback
 
 
 def test_the_frozen_plan_times_a_sample_of_its_steps_in_one_shape_and_every_step_in_several(tmp_path, monkeypatch):
@@ -204,27 +211,12 @@ def test_warm_up_batches_are_not_timed_and_the_eager_baseline_is(tmp_path, monke
     trains on while a background child compiles): it is not timed at all, which spared a CUDA event and a walk
     of the batch for its shapes each such batch. The eager baseline and the plan's first steps are."""
     from compile_callback import CompileCallback
-    from compile_callback import run as run_module
     from compile_callback.planner import COMPILED, EAGER, WARMUP
-    from tests.conftest import TinyModel, loader, make_trainer
+    from tests.conftest import loader
 
     callback = CompileCallback(["blocks.*"], backend="eager", eager_baseline_steps=4, warmup_steps=3, anatomy=False)
-    seen: list[tuple[str | None, bool]] = []
-    started: list[bool] = []
-    start, after_batch = StepTimer.start, run_module.CompileRun.after_batch
-
-    def counted_start(self):
-        started.append(True)
-        return start(self)
-
-    def recorded_after_batch(self, batch, *, step):
-        seen.append((self._label, bool(started)))
-        started.clear()
-        return after_batch(self, batch, step=step)
-
-    monkeypatch.setattr(StepTimer, "start", counted_start)
-    monkeypatch.setattr(run_module.CompileRun, "after_batch", recorded_after_batch)
-    make_trainer(tmp_path, [callback], max_epochs=-1, max_steps=20).fit(TinyModel(), loader(batch_size=8))
+    seen = [(label, timed) for label, timed, _ in
+            _fit_recording_batches(tmp_path, monkeypatch, callback, loader(batch_size=8), max_steps=20)]
     labels = [label for label, _ in seen]
     assert labels[:3] == [WARMUP] * 3 and labels[3:7] == [EAGER] * 4 and labels.count(WARMUP) == 6  # 3 + 3 settling
     assert [timed for label, timed in seen if label == WARMUP] == [False] * 6
