@@ -79,6 +79,7 @@ KILL_WAIT_S = 10.0
 MEMORY_MARGIN_BYTES = 2 * 2**30  # the child's CUDA context and allocator slack beside the step itself
 POLL_EVERY = 10  # batches between the ranks' agreements on whether rank 0's child is done (one process: every batch)
 _RESULT = "COMPILE_CALLBACK_RESULT "  # the child's last line starts with it, a JSON summary after
+_STAGE = "COMPILE_CALLBACK_STAGE "  # a line of the child's as each of its stages starts: the stage, the wall clock
 STANDBY = "--standby"  # the argument that starts a :class:`Standby`
 # Where children cache their imports' bytecode when this interpreter writes none (see bytecode_env): a
 # folder of this user's in the temporary directory, as Inductor's cache is, kept across runs.
@@ -206,6 +207,24 @@ class BackgroundCompile:
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
     standby: bool = False  # whether it ran on the interpreter started with the fit (:class:`Standby`)
+    sent_at: float = dataclasses.field(default_factory=time.time)  # the wall clock when it was given its payload
+
+    def progress(self) -> list[dict[str, Any]]:
+        """The stages the child has started so far, in order: each one's name, its wall clock (``at``) and its
+        seconds since the child was given its payload (``after_s``). For a report made while it runs: a fit
+        that ends first stops it before it says how long each stage took."""
+        try:
+            with open(self.log) as handle:
+                lines = [line for line in handle.read().splitlines() if line.startswith(_STAGE)]
+        except OSError:
+            return []
+        stages = []
+        for line in lines:
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # a line cut short as the child writes it
+                entry = json.loads(line[len(_STAGE):])
+                stages.append({"stage": str(entry["stage"]), "at": float(entry["at"]),
+                               "after_s": round(float(entry["at"]) - self.sent_at, 3)})
+        return stages
 
     def done(self) -> bool:
         if self.process.poll() is not None:
@@ -508,11 +527,17 @@ def _child(path: str, parent: int, spawned: float) -> int:
     """The child: load, compile as a trial does, run the verification's runs, say how it went, with its
     seconds by stage (``spawned``: the parent's wall clock when it started the process, or sent a standby
     its payload: the start-up the run waited for, near nothing where the standby was ready)."""
+    from compile_callback import verify
     from compile_callback.planner import warm_call
     from compile_callback.profile import _copy
     from compile_callback.verify import run_forward_and_backward, timed_stage, twin_options, verify_module
 
+    def stage_started(stage: str) -> None:  # the run reads these when the fit ends first (BackgroundCompile.progress)
+        print(_STAGE + json.dumps({"stage": stage, "at": time.time()}), flush=True)
+
     stages = {"start-up (interpreter and imports)": time.time() - spawned}
+    verify.stage_started = stage_started
+    stage_started("loading (unpickling, to the device)")
     precompiled = json.loads(os.environ.get(boot.PRECOMPILED_VARIABLE) or "null")  # compile_callback.boot's
     if precompiled:  # at the interpreter's start: for a standby, before its payload came, in part or in all
         stages[f"start-up: bytecode of {precompiled['compiled']} sources compiled first, in {precompiled['workers']} "
@@ -563,6 +588,7 @@ def _child(path: str, parent: int, spawned: float) -> int:
             except Exception as error:
                 print(f"the training graph was not warmed: {type(error).__name__}: {error}", flush=True)
     else:
+        stage_started("compiled (not verified)")
         result = warm_call(module, args, kwargs, context=context)
     if result.error is not None and result.where == "compile":
         print(f"compile failed: {result.error}", flush=True)

@@ -78,6 +78,8 @@ class Planner(Protocol):
     @property
     def frozen(self) -> bool: ...
 
+    def background_progress(self) -> dict[str, Any] | None: ...
+
     def before_fit(self) -> None: ...
 
     def before_batch(self, batch_index: int, **_: Any) -> str | None: ...
@@ -214,6 +216,9 @@ class FixedPlanner(_CompilesRegions):
 
     def priced_speedup(self) -> tuple[float, float] | None:
         return None  # no trials: the callback prices the plan against its eager baseline
+
+    def background_progress(self) -> None:
+        return None  # named regions compile in place, never in a child
 
     def region_modules(self) -> dict[str, list[nn.Module]]:
         """The named regions, by name, with their modules."""
@@ -434,6 +439,8 @@ class AutoPlanner(_CompilesRegions):
         self.processes = processes  # the ranks (1: one process)
         self.rank_zero = rank_zero
         self.children_started = 0
+        # (region, batch it started at, its child or None on a rank that waits for rank 0's) while one compiles
+        self.compiling_in_background: tuple[str, int, Any] | None = None
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
@@ -762,6 +769,7 @@ class AutoPlanner(_CompilesRegions):
                    "was made; a fit that ends first trains eagerly throughout (`background_compile=False` compiles "
                    "in-process instead, stopping training while it compiles)")
         self.notes.append(waiting)
+        self.compiling_in_background = (region.name, self._batch_index, child)
         every = 1 if self.processes == 1 else POLL_EVERY  # a collective each time: not every batch under DDP
         try:
             batches = 0
@@ -769,10 +777,12 @@ class AutoPlanner(_CompilesRegions):
                 batches += 1
                 yield WARMUP
         except GeneratorExit:  # the fit ended while the child compiled: not tried
+            self.compiling_in_background = None
             if child is not None:
                 child.discard()
             raise
         self.notes.remove(waiting)
+        self.compiling_in_background = None
         outcome = None
         if child is not None:  # every rank that started one reads (and cleans up) its own; rank 0's is reported
             ok, detail = child.outcome()
@@ -781,6 +791,16 @@ class AutoPlanner(_CompilesRegions):
         fields = {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
                   "background_s": seconds}
         return fields, child.checked if ok and child is not None and self.processes == 1 else None, stages
+
+    def background_progress(self) -> dict[str, Any] | None:
+        """What a child compiling now has done so far (None: none compiles): its region, the batch it started
+        at, its stages started (:meth:`compile_callback.background.BackgroundCompile.progress`; none on a rank
+        that waits for rank 0's child)."""
+        if self.compiling_in_background is None:
+            return None
+        name, batch, child = self.compiling_in_background
+        return {"region": name, "since_batch": batch, "sent_at": child.sent_at if child is not None else None,
+                "stages": child.progress() if child is not None else []}
 
     def _trial_batches(self, candidate: Candidate) -> int:
         """Batches a trial runs after its compile: at most its control windows and its own, or the interleaved blocks."""

@@ -104,6 +104,14 @@ ANATOMY_OFF_ON_CUDA = (
 )
 
 
+def child_progress_note(progress: dict[str, Any] | None) -> str | None:
+    """The stages a child still compiling has started, for the report (None: no child compiles)."""
+    if progress is None or not progress["stages"]:
+        return None
+    stages = ", ".join(f"{s['stage']} at {s['after_s']:.1f} s" for s in progress["stages"])
+    return f"the background child of `{progress['region']}`, seconds after its hand-over: {stages} (the last still running)"
+
+
 def anatomy_sampled(anatomy: bool | None, device: torch.device) -> bool:
     """Whether the fit samples steps for the compile anatomy: as asked, else on CPU only (see
     :data:`ANATOMY_OFF_ON_CUDA`)."""
@@ -1056,8 +1064,9 @@ class CompileRun:
             return [{"region": name, "reason": item["reason"], "count": item["count"]}
                     for name, stats in regions.items() for item in stats[key]]
 
+        progress = self.planner.background_progress()
         notes = [note for note in (ddp_note(int(totals["graphs"]), int(totals["ddp_pieces"])), self._rank_note,
-                                   self.repricer.skipped) if note]
+                                   self.repricer.skipped, child_progress_note(progress)) if note]
         return {
             "summary": self._summary(metrics),
             "ranks": self.ranks,
@@ -1071,6 +1080,7 @@ class CompileRun:
                 "graph_trial_price": self.planner.graph_price.as_report() if self.planner.graph_price else None,
                 "coverage": self.planner.coverage,
                 "candidates": list(getattr(self.planner, "weighed", [])),
+                "compiling_in_background": progress,
                 "notes": list(self.planner.notes) + self.notes + notes,
             },
             "padding": dataclasses.asdict(self.padding) if self.padding is not None else None,

@@ -342,9 +342,16 @@ def cuda_devices(module: nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
 
 
+# Called with each stage's name as it starts, where set: a background child sets it to write its progress
+# into its log, which the run reads when a fit ends before the child does (what it was doing, and since when).
+stage_started: Callable[[str], None] | None = None
+
+
 @contextlib.contextmanager
 def timed_stage(seconds: dict[str, float], stage: str, device: torch.device) -> Iterator[None]:
     """Adds the host seconds of the block to ``seconds[stage]``, the device's queued work included."""
+    if stage_started is not None:
+        stage_started(stage)
     started = time.perf_counter()
     try:
         yield

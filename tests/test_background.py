@@ -111,6 +111,51 @@ def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_c
     assert not os.path.exists(child.payload) and not os.path.exists(child.log)
 
 
+class StuckInChildsEager(FasterCompiled):
+    """Its eager forward in any other process than the one that made it (a background child's eager run, the
+    first of its verification) takes a minute: a child that stays in its "eager" stage."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.made_in = os.getpid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.getpid() != self.made_in and not torch.compiler.is_compiling():
+            time.sleep(60)
+        return super().forward(x)
+
+
+@pytest.mark.slow
+def test_a_report_made_while_the_child_compiles_says_which_stages_it_has_started(tmp_path):
+    callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=1)
+    seen = []
+
+    class StopInChildsEager(L.Callback):  # ends the fit once the child is in its eager run, or after 60 s of batches
+        def on_train_batch_end(self, trainer, *args):
+            seen.append(callback.run.planner.background_progress())
+            stages = [s["stage"] for s in (seen[-1] or {}).get("stages", [])]
+            trainer.should_stop = "eager" in stages or trainer.global_step >= 600
+
+    trainer = make_trainer(tmp_path, [callback, StopInChildsEager()], max_steps=STEPS * 10, max_epochs=100,
+                           limit_val_batches=0)
+    started = time.time()
+    trainer.fit(StuckInChildsEager(), loader(batch_size=8))
+    assert trainer.global_step < 600, "the child never started its eager run"
+    first = next(i for i, progress in enumerate(seen) if progress is not None)
+    assert all(progress is not None for progress in seen[first:])  # from the hand-over to the fit's end
+    progress = callback.last_report["plan"]["compiling_in_background"]
+    assert progress["region"] == "model" and progress["since_batch"] == first  # the batch that handed it over
+    # In the order the child started them, each on the wall clock after the hand-over and within the fit.
+    assert [s["stage"] for s in progress["stages"]] == ["loading (unpickling, to the device)", "eager"]
+    times = [progress["sent_at"]] + [s["at"] for s in progress["stages"]]
+    assert started < times[0] and times == sorted(times) and times[-1] < time.time()
+    assert all(s["after_s"] == pytest.approx(s["at"] - progress["sent_at"], abs=1e-3) for s in progress["stages"])
+    note = next(n for n in callback.last_report["plan"]["notes"] if n.startswith("the background child of `model`"))
+    assert f"eager at {progress['stages'][1]['after_s']:.1f} s" in note and "(the last still running)" in note
+    assert callback.run.planner.background_progress() is None  # the child stopped with the fit
+
+
 def _recorded(cls, made):
     """``cls``, each instance also appended to ``made``."""
 
