@@ -168,6 +168,8 @@ class StepMeter:
         self._wall_s: dict[int, float] = {}
         self._recompiles_at_epoch_end: list[int] = []
         self._t0 = 0.0
+        self._begun_at: float | None = None  # the wall clock at begin()
+        self._ends_s: list[float] = []  # each step's end on the host, seconds after begin()
         self.final_loss: float | None = None
         self.in_fit_ab = in_fit_ab
         self._ab_spans: list[tuple[Any, Any]] = []  # the in-fit A/B's steps, timed apart
@@ -177,6 +179,7 @@ class StepMeter:
         """Starts the wall clock: call it right before the loop (or ``trainer.fit``)."""
         synchronize(self.device)
         self._t0 = time.perf_counter()
+        self._begun_at = time.time()
 
     def step_start(self) -> None:
         self._started_at = time_mark(self.use_events)
@@ -188,6 +191,7 @@ class StepMeter:
         if self._ab_started:
             return self._ab_step_end()
         self._spans.append((self._started_at, time_mark(self.use_events)))
+        self._ends_s.append(time.perf_counter() - self._t0)  # the host's clock: lines steps up with other processes'
         self._started_at = None
         self.steps += 1
         if self.settled_at is None and self.settled is not None and self.settled():
@@ -255,6 +259,10 @@ class StepMeter:
             "final_loss": self.final_loss,
             "recompiles_per_epoch": _per_epoch(self._recompiles_at_epoch_end),
             "step_ms_all": [round(ms, 3) for ms in step_ms],
+            # Each step's end as the host issued it: the wall clock at begin() and seconds since (a background
+            # child's stages, on the wall clock, fall on steps by these).
+            "begun_at": self._begun_at,
+            "step_ends_s": [round(s, 4) for s in self._ends_s],
             "settled_at_step": self.settled_at,
             "window_settled": self.window_settled(),
         }

@@ -355,6 +355,12 @@ def render_pairs(result: dict[str, Any]) -> str:
     if windows:
         lines.append(f"- `callback` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
                      f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in windows)}")
+    stages = paired_child_stages(result)
+    if stages:
+        lines.append("- `callback` against the eager runs either side, by what its background child was doing (median "
+                     "over the pairs; steps of the first pair): " + ", ".join(
+                         f"{s['stage']} {s['ratio']:.3f}× (steps {s['steps'][0]}-{s['steps'][1]}, {s['pairs']} pairs)"
+                         for s in stages))
     return "\n".join(lines)
 
 
@@ -764,6 +770,39 @@ def paired_windows(result: dict[str, Any], name: str = "callback", window: int =
         ratios.append(statistics.median(sum(run[cut]) / ((sum(before[cut]) + sum(after[cut])) / 2)
                                         for before, run, after in triples))
     return ratios
+
+
+def paired_child_stages(result: dict[str, Any], name: str = "callback") -> list[dict[str, Any]]:
+    """A ``--pairs`` run's ``name`` runs by what their background child was doing: the steps before the
+    hand-over, then each stage the child had started by the fit's end (the report's
+    ``plan.compiling_in_background``, on the wall clock, set on the steps by the host's clock of each step's
+    end). Per span, the median over the pairs of the run's summed step times there against the mean of the
+    eager runs' over the same steps, and the steps it spans in the first pair; spans in the order the child
+    ran them. Pairs whose child finished within the fit (no such field) are left out."""
+    records = result.get("records", [])
+    spans: dict[str, list[float]] = {}
+    steps_of: dict[str, tuple[int, int]] = {}
+    for index in range(1, len(records) - 1):
+        before, run, after = records[index - 1:index + 2]
+        if run.get("variant") != name or before.get("variant") != "eager" or after.get("variant") != "eager":
+            continue
+        progress = ((run.get("callback") or {}).get("plan") or {}).get("compiling_in_background")
+        ends, begun = run.get("step_ends_s") or [], run.get("begun_at")
+        if not progress or not ends or begun is None:
+            continue
+        count = min(len(r.get("step_ms_all") or []) for r in (before, run, after))
+        marks = [("before the hand-over", float("-inf")), ("hand-over, before the child's first stage", progress["sent_at"])]
+        marks += [(stage["stage"], stage["at"]) for stage in progress["stages"]]
+        for number, (stage, at) in enumerate(marks):
+            until = marks[number + 1][1] if number + 1 < len(marks) else float("inf")
+            picked = [i for i in range(min(count, len(ends))) if at <= begun + ends[i] < until]
+            if not picked:
+                continue
+            eager = (sum(before["step_ms_all"][i] for i in picked) + sum(after["step_ms_all"][i] for i in picked)) / 2
+            spans.setdefault(stage, []).append(sum(run["step_ms_all"][i] for i in picked) / eager)
+            steps_of.setdefault(stage, (picked[0], picked[-1]))
+    return [{"stage": stage, "ratio": statistics.median(ratios), "pairs": len(ratios), "steps": steps_of[stage]}
+            for stage, ratios in spans.items()]
 
 
 def _paired_wall_time_verdict(result: dict[str, Any]) -> Verdict:

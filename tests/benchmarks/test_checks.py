@@ -477,6 +477,33 @@ def test_a_paired_run_shows_where_in_the_run_the_callback_costs_its_time():
     assert "100 steps at a time from the start (median over the pairs): 1.100×, 1.000×" in table.render_pairs(result)
 
 
+def test_a_paired_run_shows_what_the_callbacks_child_was_doing_where_it_cost_time():
+    """Each callback run's steps set against its child's stages by the wall clock (the report's
+    ``compiling_in_background``, the steps' host end times): the 20% the child's eager stage costs shows
+    there, the steps before the hand-over at 1.0x; a run whose child finished within the fit is left out."""
+    result = _paired("resnet18_cifar", [7.0] * 7)
+    for index, record in enumerate(result["records"]):
+        eager_ms = 5.0 + index  # the host slows run by run; each span's ratio does not see it
+        begun = 1000.0 * index  # each run's wall clock; steps end every 10 ms
+        steps = [eager_ms] * 300
+        record.update(begun_at=begun, step_ends_s=[0.01 * (i + 1) for i in range(300)])
+        if record["variant"] == "callback":
+            steps = [eager_ms] * 100 + [eager_ms * 1.2] * 100 + [eager_ms * 1.05] * 100
+            stages = [{"stage": "loading (unpickling, to the device)", "at": begun + 1.001},
+                      {"stage": "eager", "at": begun + 1.0015}, {"stage": "compiled", "at": begun + 2.0015}]
+            progress = {"region": "model", "since_batch": 100, "sent_at": begun + 0.9995, "stages": stages}
+            record["callback"] = {"plan": {"compiling_in_background": progress if index < 5 else None}}
+        record["step_ms_all"] = steps
+    spans = table.paired_child_stages(result)
+    assert [(s["stage"], s["steps"], s["pairs"]) for s in spans] == [
+        ("before the hand-over", (0, 98), 2), ("hand-over, before the child's first stage", (99, 99), 2),
+        ("eager", (100, 199), 2), ("compiled", (200, 299), 2)]  # the loading stage held no step's end
+    assert [s["ratio"] for s in spans] == pytest.approx([1.0, 1.0, 1.2, 1.05])
+    assert "by what its background child was doing (median over the pairs; steps of the first pair): before the " \
+           "hand-over 1.000× (steps 0-98, 2 pairs)" in table.render_pairs(result)
+    assert "eager 1.200× (steps 100-199, 2 pairs)" in table.render_pairs(result)
+
+
 def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricing_round():
     """The harness's step times over the batches of the callback's last round (eager blocks 0 and 3 of each
     ABBA cycle, the first step of a block not counted), beside the end-of-run A/B: the same moment by

@@ -360,6 +360,10 @@ def test_step_meter_counts_steps_tokens_and_epochs():
     assert result["recompiles_per_epoch"] == [0, 0]
     assert result["real_tokens"] == 18 and result["all_tokens"] == 24 and result["padding_waste"] == 0.25
     assert result["final_loss"] == 5.0 and result["wall_first_steps_s"] > 0
+    # Each step's end on the host's clock, from begin(): as many as steps, in order, the last by the wall time.
+    ends = result["step_ends_s"]
+    assert len(ends) == 6 and ends == sorted(ends) and 0 < ends[-1] <= result["wall_first_steps_s"] + 1e-4
+    assert abs(result["begun_at"] + ends[-1] - time.time()) < 5
 
 
 def test_an_in_fit_ab_runs_abba_blocks_after_the_steady_window_and_is_timed_apart():
