@@ -73,6 +73,10 @@ CHILD_TIME_LIMIT_S = 900.0  # a child still compiling after this is stopped; the
 # ResNet-18 CIFAR 8.0 ms a step) and niceness barely moved the child (ResNet-50: 70 s at 10, 75 s at 0).
 CHILD_NICENESS = 10
 NICENESS_VARIABLE = "COMPILE_CALLBACK_CHILD_NICENESS"  # overrides CHILD_NICENESS (0: the run's own priority)
+# The CPUs a child and its compile workers may run on ("8-15", "2,3,6-7"): unset, those the run may use. For
+# hosts where a busy CPU slows another (hyperthreads that the guest sees as cores), to keep the child off
+# the cores training runs on.
+CPUS_VARIABLE = "COMPILE_CALLBACK_CHILD_CPUS"
 # How long a killed child is waited for. One in an uninterruptible call (the GPU driver) cannot exit until
 # it returns: the fit goes on without it, and the kill takes effect when the call returns.
 KILL_WAIT_S = 10.0
@@ -98,6 +102,26 @@ def child_niceness() -> int:
     return int(value)
 
 
+def child_cpus() -> set[int] | None:
+    """The CPUs a child may run on from the environment's ``COMPILE_CALLBACK_CHILD_CPUS`` (None: unset, the
+    run's own); a list of CPUs and ranges, each one the run may use itself."""
+    value = os.environ.get(CPUS_VARIABLE, "").strip()
+    if not value or not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    cpus: set[int] = set()
+    try:
+        for part in value.split(","):
+            first, dash, last = part.strip().partition("-")
+            cpus.update(range(int(first), int(last if dash else first) + 1))
+    except ValueError:
+        cpus = set()
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"{CPUS_VARIABLE} must list CPUs this process may use, as numbers and ranges (\"8-15\", "
+                         f"\"2,3,6-7\"), from {sorted(allowed)}; got {value!r}. Unset it to let the child use them all.")
+    return cpus
+
+
 class Unavailable(Exception):
     """Why a candidate cannot be compiled in the background (the trial then compiles in-process)."""
 
@@ -121,6 +145,7 @@ def policy(requested: bool | None, *, device: torch.device, world_size: int, opt
         if not torch_internals.fx_graph_cache_on():
             return "background compile off: Inductor's FX-graph cache is off, so a child's compile could not be reused"
     child_niceness()  # a malformed override stops the fit at its start, not at a trial
+    child_cpus()
     return None
 
 
@@ -436,6 +461,10 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
         for path in made:
             os.remove(path)
         raise
+    cpus = child_cpus()
+    if cpus is not None:  # its one thread now: the threads and processes it starts (Inductor's workers) inherit it
+        with contextlib.suppress(ProcessLookupError):  # it died at once: its log says why
+            os.sched_setaffinity(process.pid, cpus)
     return process, log
 
 

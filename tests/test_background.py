@@ -466,6 +466,26 @@ def test_the_childs_niceness_can_be_set_from_the_environment_and_a_malformed_val
     assert background.child_niceness() == background.CHILD_NICENESS
 
 
+def test_the_cpus_a_child_may_use_can_be_set_from_the_environment_and_a_bad_list_is_named(monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    last = allowed[-1]
+    monkeypatch.setenv(background.CPUS_VARIABLE, f"{last}-{last}")
+    standby = background.Standby(("json",))  # as every child starts: a spawned interpreter
+    try:
+        assert os.sched_getaffinity(standby.process.pid) == {last}
+    finally:
+        standby.stop()
+    assert os.sched_getaffinity(0) == set(allowed)  # the run's own CPUs are left as they were
+    monkeypatch.setenv(background.CPUS_VARIABLE, f"{allowed[0]}, {last}")
+    assert background.child_cpus() == {allowed[0], last}
+    for bad in ("eight", f"{last + 1}", f"{last}-"):
+        monkeypatch.setenv(background.CPUS_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"COMPILE_CALLBACK_CHILD_CPUS must list CPUs this process may use.*got '{bad}'"):
+            policy(True, device=torch.device("cpu"), world_size=1, options=CompileOptions())  # at the fit's start
+    monkeypatch.delenv(background.CPUS_VARIABLE)
+    assert background.child_cpus() is None
+
+
 def test_a_child_leaves_cudnn_benchmark_off_whatever_the_parent_runs_with():
     # The parent benchmarks its convolutions (the harness's Trainer sets it): a child that did too would time
     # every convolution's algorithms on the GPU training shares; no compile cache keys the flag.
