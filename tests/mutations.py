@@ -1182,6 +1182,41 @@ MUTATIONS = [
         new="",
         tests=("tests/test_background.py::test_the_childs_verification_stands_where_the_trial_compiled_from_its_cache",),
     ),
+    Mutation(
+        name="a background child's CPUs from the environment not applied",
+        path="compile_callback/background.py",
+        old="            os.sched_setaffinity(process.pid, cpus)\n",
+        new="            pass\n",
+        tests=("tests/test_background.py::test_the_cpus_a_child_may_use_can_be_set_from_the_environment_and_a_bad_list_is_named",),
+    ),
+    Mutation(
+        name="a child's stages not written as they start",
+        path="compile_callback/verify.py",
+        old="    if stage_started is not None:\n        stage_started(stage)\n",
+        new="",
+        tests=("tests/test_background.py::test_a_report_made_while_the_child_compiles_says_which_stages_it_has_started",),
+    ),
+    Mutation(
+        name="a report made while a child compiles says nothing of it",
+        path="compile_callback/planner.py",
+        old="        if self.compiling_in_background is None:\n            return None\n        name, batch, child",
+        new="        if True:\n            return None\n        name, batch, child",
+        tests=("tests/test_background.py::test_a_report_made_while_the_child_compiles_says_which_stages_it_has_started",),
+    ),
+    Mutation(
+        name="a paired run's child stages set against the wrong steps (each step's start, not its end)",
+        path="benchmarks/table.py",
+        old="if at <= begun + ends[i] < until]",
+        new="if at <= begun + (ends[i - 1] if i else 0.0) < until]",
+        tests=("tests/benchmarks/test_checks.py::test_a_paired_run_shows_what_the_callbacks_child_was_doing_where_it_cost_time",),
+    ),
+    Mutation(
+        name="the step meter's step ends on the wrong clock origin",
+        path="benchmarks/measure.py",
+        old="        self._begun_at = time.time()\n",
+        new="        self._begun_at = time.time() - 60.0\n",
+        tests=("tests/benchmarks/test_smoke.py",),
+    ),
 ]
 
 
