@@ -104,11 +104,12 @@ def child_niceness() -> int:
 
 def child_cpus() -> set[int] | None:
     """The CPUs a child may run on from the environment's ``COMPILE_CALLBACK_CHILD_CPUS`` (None: unset, the
-    run's own); a list of CPUs and ranges, each one the run may use itself."""
+    run's own); a list of CPUs and ranges of this machine. They need not be the run's own: a run pinned to
+    some CPUs (``taskset``) can keep its child on others."""
     value = os.environ.get(CPUS_VARIABLE, "").strip()
     if not value or not hasattr(os, "sched_getaffinity"):
         return None
-    allowed = os.sched_getaffinity(0)
+    allowed = set(range(os.cpu_count() or 1))
     cpus: set[int] = set()
     try:
         for part in value.split(","):
@@ -117,8 +118,8 @@ def child_cpus() -> set[int] | None:
     except ValueError:
         cpus = set()
     if not cpus or not cpus <= allowed:
-        raise ValueError(f"{CPUS_VARIABLE} must list CPUs this process may use, as numbers and ranges (\"8-15\", "
-                         f"\"2,3,6-7\"), from {sorted(allowed)}; got {value!r}. Unset it to let the child use them all.")
+        raise ValueError(f"{CPUS_VARIABLE} must list CPUs of this machine, as numbers and ranges (\"8-15\", "
+                         f"\"2,3,6-7\"), from 0-{max(allowed)}; got {value!r}. Unset it to let the child use the run's own.")
     return cpus
 
 
@@ -323,7 +324,11 @@ def start(
         return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
     if standby is not None:
         standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
-    process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+    try:
+        process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+    except ValueError as error:  # COMPILE_CALLBACK_CHILD_CPUS names CPUs it cannot have
+        os.remove(payload)
+        raise Unavailable(str(error)) from error
     return BackgroundCompile(process, payload, log, time.monotonic())
 
 
@@ -463,8 +468,14 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
         raise
     cpus = child_cpus()
     if cpus is not None:  # its one thread now: the threads and processes it starts (Inductor's workers) inherit it
-        with contextlib.suppress(ProcessLookupError):  # it died at once: its log says why
+        try:
             os.sched_setaffinity(process.pid, cpus)
+        except ProcessLookupError:  # it died at once: its log says why
+            pass
+        except OSError as error:  # none of them is this process's to give (a container's cpuset)
+            _end(process)
+            raise ValueError(f"{CPUS_VARIABLE}={os.environ[CPUS_VARIABLE]!r}: the child could not be placed on CPUs "
+                             f"{sorted(cpus)} ({error}); name CPUs this container may use, or unset it") from error
     return process, log
 
 

@@ -7,6 +7,8 @@ import contextlib
 import io
 import os
 import pickle
+import subprocess
+import sys
 import time
 
 import lightning as L
@@ -478,12 +480,24 @@ def test_the_cpus_a_child_may_use_can_be_set_from_the_environment_and_a_bad_list
     assert os.sched_getaffinity(0) == set(allowed)  # the run's own CPUs are left as they were
     monkeypatch.setenv(background.CPUS_VARIABLE, f"{allowed[0]}, {last}")
     assert background.child_cpus() == {allowed[0], last}
-    for bad in ("eight", f"{last + 1}", f"{last}-"):
+    for bad in ("eight", f"{os.cpu_count()}", f"{last}-"):
         monkeypatch.setenv(background.CPUS_VARIABLE, bad)
-        with pytest.raises(ValueError, match=f"COMPILE_CALLBACK_CHILD_CPUS must list CPUs this process may use.*got '{bad}'"):
+        with pytest.raises(ValueError, match=f"COMPILE_CALLBACK_CHILD_CPUS must list CPUs of this machine.*got '{bad}'"):
             policy(True, device=torch.device("cpu"), world_size=1, options=CompileOptions())  # at the fit's start
     monkeypatch.delenv(background.CPUS_VARIABLE)
     assert background.child_cpus() is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one for the run, one for its child")
+def test_a_run_pinned_to_some_cpus_can_keep_its_child_on_others():
+    # The use the variable is for: training pinned (taskset) to CPUs of its own, the child kept off them.
+    first, *_, last = sorted(os.sched_getaffinity(0))
+    script = (f"import os; os.sched_setaffinity(0, {{{first}}}); from compile_callback import background; "
+              f"s = background.Standby(('json',)); print(sorted(os.sched_getaffinity(0)), "
+              f"sorted(os.sched_getaffinity(s.process.pid))); s.stop()")
+    env = {**os.environ, background.CPUS_VARIABLE: str(last)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split("\n")[0] == f"[{first}] [{last}]", out.stderr[-2000:]
 
 
 def test_a_child_leaves_cudnn_benchmark_off_whatever_the_parent_runs_with():
