@@ -22,7 +22,7 @@ child's cache (the same compiled code, checked on the same input): the trial the
 forward and backward once, to load them. On the H200 the trial's own verification of GPT-2's whole model
 took 22 s of stopped training, 17 s of it the fp32 reference (its activations kept in host memory),
 against 1.3 s for the warm compile.
-The child is a fresh interpreter (``python -m compile_callback.background``: never a fork of a process
+The child is a fresh interpreter (``python compile_callback/boot.py``, which runs this module: never a fork of a process
 that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
 (a class defined in the script's ``__main__`` is not). Rank 0's first child runs on a :class:`Standby`,
 an interpreter started at the fit's setup that has done its imports and waits, idle, for the payload; and a
@@ -353,7 +353,7 @@ def _write_payload(
         if free < need:
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
-              "verify": verify, "tolerance": tolerance, "name": name, "niceness": child_niceness()}
+              "verify": verify, "tolerance": tolerance, "name": name}
     # Modules compiled already (a kept plan tried again with CUDA graphs) are sent as plain modules:
     # the child compiles them as the trial will, and a compiled callable does not pickle.
     compiled = {m: torch_internals.compiled_call(m) for m in module.modules() if torch_internals.compiled_call(m) is not None}
@@ -443,22 +443,23 @@ def _installed_bytecode() -> bool:
 def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
            write_bytecode: bool = False) -> tuple[subprocess.Popen, str]:
     """A fresh interpreter running this module with ``arguments``, its output in a log file of its own
-    (``write_bytecode``: see :func:`bytecode_env`). Where its bytecode folder (:data:`BYTECODE_DIR`) lacks
-    torch's, it starts as :mod:`compile_callback.boot`, which compiles the run's sources into it first (in
-    parallel: with a core or two, compiling ahead in one process took longer than the imports from the
-    sources, 14.2 s against 11.6 s on a 2-core CPU, so it is not done there)."""
+    (``write_bytecode``: see :func:`bytecode_env`). It starts as :mod:`compile_callback.boot`, which lowers
+    its priority (:func:`child_niceness`) before it imports anything, and where its bytecode folder
+    (:data:`BYTECODE_DIR`) lacks torch's, compiles the run's sources into it first (in parallel: with a core
+    or two, compiling ahead in one process took longer than the imports from the sources, 14.2 s against
+    11.6 s on a 2-core CPU, so it is not done there)."""
     handle, log = tempfile.mkstemp(prefix="compile-callback-", suffix=".log")
     os.close(handle)
     env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
-    command = [sys.executable, "-m", "compile_callback.background", *arguments]
+    env[boot.NICENESS_VARIABLE] = str(child_niceness())  # lowered before its imports, a standby's too
+    command = [sys.executable, boot.__file__, *arguments]
     made = [log]  # files this spawn made, removed where it fails
     if (boot.WORKERS > 1 and env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
             and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__))):
         sources = boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__))
-        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources, niceness=child_niceness())
+        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources)
         made.append(boot.listing_of(env[boot.PRECOMPILE_VARIABLE]))
-        command = [sys.executable, boot.__file__, *arguments]
     try:
         with open(log, "w") as output:
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=stdin, env=env)
@@ -588,8 +589,8 @@ def _child(path: str, parent: int, spawned: float) -> int:
     with open(path, "rb") as file:
         header = pickle.load(file)
         niceness = None
-        with contextlib.suppress(AttributeError, OSError):  # no os.nice (Windows) or not allowed: as it is
-            niceness = os.nice(header["niceness"])
+        with contextlib.suppress(AttributeError, OSError):  # lowered at its start (compile_callback.boot); none on Windows
+            niceness = os.nice(0)
         for entry in reversed(header["sys_path"]):
             if entry not in sys.path:
                 sys.path.insert(0, entry)

@@ -1,4 +1,9 @@
-"""A child's start where no bytecode is written: its imports' sources compiled in parallel first.
+"""A child's start: its CPU priority lowered before anything else, and where no bytecode is written, its
+imports' sources compiled in parallel first.
+
+Every child starts as this script, so its priority is lowered (:data:`NICENESS_VARIABLE`, set by the run)
+before it imports torch: a standby's imports, seconds of one core's work beside the first training steps,
+ran at the run's own priority before (the payload lowered it only once it came).
 
 Where the run's environment writes no bytecode and torch came without it (the H200's host:
 ``PYTHONDONTWRITEBYTECODE=1``, no ``.pyc`` in torch), every interpreter compiles torch's sources again as
@@ -28,7 +33,8 @@ import json
 import tempfile
 import time
 
-PRECOMPILE_VARIABLE = "COMPILE_CALLBACK_PRECOMPILE"  # "<processes> <niceness> <the file listing the sources>"
+PRECOMPILE_VARIABLE = "COMPILE_CALLBACK_PRECOMPILE"  # "<processes> <the file listing the sources>"
+NICENESS_VARIABLE = "COMPILE_CALLBACK_LOWER_BY"  # how far the child lowers its priority at its start (os.nice)
 PRECOMPILED_VARIABLE = "COMPILE_CALLBACK_PRECOMPILED"  # what the precompile did, for the child's stages
 # Packages a compile imports after the run's imports (torch's by folder under torch, the others by name).
 COMPILE_STACK = ("_dynamo", "_inductor", "_functorch", "fx", "_subclasses", "_higher_order_ops", "_prims", "_refs",
@@ -74,18 +80,18 @@ def sources(modules: object, torch_folder: str) -> list[str]:
     return sorted(found)
 
 
-def write_listing(paths: list[str], *, niceness: int) -> str:
+def write_listing(paths: list[str]) -> str:
     """A temporary file listing ``paths``, one a line (the child removes it); :data:`PRECOMPILE_VARIABLE`'s
-    value for a child that compiles them in :data:`WORKERS` processes ``niceness`` below its priority."""
+    value for a child that compiles them in :data:`WORKERS` processes (at its own priority, lowered first)."""
     handle, listing = tempfile.mkstemp(prefix="compile-callback-sources-", suffix=".txt")
     with os.fdopen(handle, "w") as file:
         file.write("\n".join(paths))
-    return f"{WORKERS} {niceness} {listing}"
+    return f"{WORKERS} {listing}"
 
 
 def listing_of(value: str) -> str:
     """The listing's path in a :data:`PRECOMPILE_VARIABLE` value."""
-    return value.split(" ", 2)[2]
+    return value.split(" ", 1)[1]
 
 
 def _compile(paths: list[str]) -> int:
@@ -102,16 +108,16 @@ def _compile(paths: list[str]) -> int:
     return done
 
 
-def _lower(niceness: int) -> None:
-    """A compile process's priority ``niceness`` below this one's, as the child's own (background.child_niceness)."""
+def lower(niceness: int) -> None:
+    """This process's priority ``niceness`` below what it is; the processes it starts after inherit it."""
     try:
         os.nice(niceness)
     except (AttributeError, OSError):  # no os.nice (Windows) or not allowed: as it is
         pass
 
 
-def precompile(listing: str, workers: int, niceness: int = 0) -> dict[str, float]:
-    """Compiles the sources ``listing`` names to bytecode in ``workers`` processes ``niceness`` below this one
+def precompile(listing: str, workers: int) -> dict[str, float]:
+    """Compiles the sources ``listing`` names to bytecode in ``workers`` processes at this one's priority
     (forked: this interpreter has imported nothing that forking would break) and removes the listing; what it did."""
     import concurrent.futures
     import multiprocessing
@@ -122,8 +128,7 @@ def precompile(listing: str, workers: int, niceness: int = 0) -> dict[str, float
     os.remove(listing)
     chunks = [paths[i::workers * 4] for i in range(workers * 4)]  # interleaved: big packages spread out
     if workers > 1:
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                                    initializer=_lower, initargs=(niceness,)) as pool:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
             done = sum(pool.map(_compile, chunks))
     else:
         done = _compile(paths)
@@ -131,15 +136,17 @@ def precompile(listing: str, workers: int, niceness: int = 0) -> dict[str, float
 
 
 def main() -> None:
-    """The child's start: the precompile where asked for (:data:`PRECOMPILE_VARIABLE`), then the child as
-    ``python -m compile_callback.background`` would run it, with this script's arguments."""
+    """The child's start: its priority lowered (:data:`NICENESS_VARIABLE`), the precompile where asked for
+    (:data:`PRECOMPILE_VARIABLE`), then the child as ``python -m compile_callback.background`` would run it,
+    with this script's arguments."""
     import runpy
 
+    lower(int(os.environ.pop(NICENESS_VARIABLE, None) or 0))  # popped: nothing it starts lowers itself again
     asked = os.environ.pop(PRECOMPILE_VARIABLE, None)
     if asked:
         try:
-            workers, niceness, listing = asked.split(" ", 2)
-            os.environ[PRECOMPILED_VARIABLE] = json.dumps(precompile(listing, int(workers), int(niceness)))
+            workers, listing = asked.split(" ", 1)
+            os.environ[PRECOMPILED_VARIABLE] = json.dumps(precompile(listing, int(workers)))
         except Exception as error:  # the imports then compile from the sources, as without it
             print(f"bytecode not compiled first: {type(error).__name__}: {error}", flush=True)
     runpy.run_module("compile_callback.background", run_name="__main__", alter_sys=True)
