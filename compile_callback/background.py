@@ -452,7 +452,7 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
     os.close(handle)
     env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the package and the model's modules
-    env[boot.NICENESS_VARIABLE] = str(child_niceness())  # lowered before its imports, a standby's too
+    env[boot.LOWER_BY_VARIABLE] = str(child_niceness())  # lowered before its imports, a standby's too
     command = [sys.executable, boot.__file__, *arguments]
     made = [log]  # files this spawn made, removed where it fails
     if (boot.WORKERS > 1 and env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR

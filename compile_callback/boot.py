@@ -1,7 +1,7 @@
 """A child's start: its CPU priority lowered before anything else, and where no bytecode is written, its
 imports' sources compiled in parallel first.
 
-Every child starts as this script, so its priority is lowered (:data:`NICENESS_VARIABLE`, set by the run)
+Every child starts as this script, so its priority is lowered (:data:`LOWER_BY_VARIABLE`, set by the run)
 before it imports torch: a standby's imports, seconds of one core's work beside the first training steps,
 ran at the run's own priority before (the payload lowered it only once it came).
 
@@ -34,7 +34,7 @@ import tempfile
 import time
 
 PRECOMPILE_VARIABLE = "COMPILE_CALLBACK_PRECOMPILE"  # "<processes> <the file listing the sources>"
-NICENESS_VARIABLE = "COMPILE_CALLBACK_LOWER_BY"  # how far the child lowers its priority at its start (os.nice)
+LOWER_BY_VARIABLE = "COMPILE_CALLBACK_LOWER_BY"  # how far the child lowers its priority at its start (os.nice)
 PRECOMPILED_VARIABLE = "COMPILE_CALLBACK_PRECOMPILED"  # what the precompile did, for the child's stages
 # Packages a compile imports after the run's imports (torch's by folder under torch, the others by name).
 COMPILE_STACK = ("_dynamo", "_inductor", "_functorch", "fx", "_subclasses", "_higher_order_ops", "_prims", "_refs",
@@ -136,12 +136,12 @@ def precompile(listing: str, workers: int) -> dict[str, float]:
 
 
 def main() -> None:
-    """The child's start: its priority lowered (:data:`NICENESS_VARIABLE`), the precompile where asked for
+    """The child's start: its priority lowered (:data:`LOWER_BY_VARIABLE`), the precompile where asked for
     (:data:`PRECOMPILE_VARIABLE`), then the child as ``python -m compile_callback.background`` would run it,
     with this script's arguments."""
     import runpy
 
-    lower(int(os.environ.pop(NICENESS_VARIABLE, None) or 0))  # popped: nothing it starts lowers itself again
+    lower(int(os.environ.pop(LOWER_BY_VARIABLE, None) or 0))  # popped: nothing it starts lowers itself again
     asked = os.environ.pop(PRECOMPILE_VARIABLE, None)
     if asked:
         try:

@@ -244,8 +244,8 @@ MUTATIONS = [
     Mutation(
         name="background-child-not-niced",
         path="compile_callback/background.py",
-        old="    env[boot.NICENESS_VARIABLE] = str(child_niceness())",
-        new="    env[boot.NICENESS_VARIABLE] = \"0\"",
+        old="    env[boot.LOWER_BY_VARIABLE] = str(child_niceness())",
+        new="    env[boot.LOWER_BY_VARIABLE] = \"0\"",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",),
     ),
     Mutation(
@@ -1220,8 +1220,8 @@ MUTATIONS = [
     Mutation(
         name="a child lowers its priority only once its payload comes (a standby's imports at the run's)",
         path="compile_callback/boot.py",
-        old="    lower(int(os.environ.pop(NICENESS_VARIABLE, None) or 0))",
-        new="    os.environ.pop(NICENESS_VARIABLE, None)",
+        old="    lower(int(os.environ.pop(LOWER_BY_VARIABLE, None) or 0))",
+        new="    os.environ.pop(LOWER_BY_VARIABLE, None)",
         tests=("tests/test_background.py::test_a_standby_runs_below_the_runs_priority_from_its_start_not_only_once_its_payload_comes",
                "tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly"),
     ),
