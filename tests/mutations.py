@@ -104,7 +104,7 @@ MUTATIONS = [
     Mutation(
         name="a child without bytecode to read compiles none first",
         path="compile_callback/background.py",
-        old="        command = [sys.executable, boot.__file__, *arguments]\n",
+        old="        env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources)\n        made.append(boot.listing_of(env[boot.PRECOMPILE_VARIABLE]))\n",
         new="        pass\n",
         tests=("tests/test_background.py::test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first",),
     ),
@@ -223,8 +223,8 @@ MUTATIONS = [
     Mutation(
         name="unpicklable-payload-left-behind",
         path="compile_callback/background.py",
-        old="        os.remove(payload)\n        raise Unavailable(",
-        new="        raise Unavailable(",
+        old="        os.remove(payload)\n        raise Unavailable(f\"the module does not pickle",
+        new="        raise Unavailable(f\"the module does not pickle",
         tests=("tests/test_background.py::test_a_module_that_does_not_pickle_is_compiled_in_process",),
     ),
     Mutation(
@@ -719,8 +719,8 @@ MUTATIONS = [
     Mutation(
         name="the first-steps wall time answered by a run whose compile caches were disabled",
         path="benchmarks/table.py",
-        old="    if _caches_disabled(caches):\n",
-        new="    if False:\n",
+        old="    if _caches_disabled(caches):\n        return Verdict(workload, target, f\"{callback_wall:.1f} s{CACHES_DISABLED}\"",
+        new="    if False:\n        return Verdict(workload, target, f\"{callback_wall:.1f} s{CACHES_DISABLED}\"",
         tests=("tests/benchmarks/test_checks.py::test_the_first_steps_wall_time_is_answered_by_runs_with_the_compile_caches_on",),
     ),
     Mutation(
