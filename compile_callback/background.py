@@ -22,8 +22,8 @@ child's cache (the same compiled code, checked on the same input): the trial the
 forward and backward once, to load them. On the H200 the trial's own verification of GPT-2's whole model
 took 22 s of stopped training, 17 s of it the fp32 reference (its activations kept in host memory),
 against 1.3 s for the warm compile.
-The child is a fresh interpreter (``python compile_callback/boot.py``, which runs this module: never a fork of a process
-that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
+The child is a fresh interpreter (``python compile_callback/boot.py``, which runs this module: never a fork
+of a process that holds CUDA, and it does not re-run the user's script), so the module's classes must be importable
 (a class defined in the script's ``__main__`` is not). Rank 0's first child runs on a :class:`Standby`,
 an interpreter started at the fit's setup that has done its imports and waits, idle, for the payload; and a
 child exits without the interpreter's teardown once its result is written, which the run waited through.
