@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -107,6 +108,16 @@ class InFitAB:
         }
 
 
+def main_thread_usage() -> tuple[float, int, int] | None:
+    """This thread's CPU seconds (user and system) and its involuntary and voluntary context switches so far
+    (None where the system keeps no per-thread figures): whether a slower run did more work on the training
+    thread, or the same work pre-empted by other processes (involuntary switches) or waiting (voluntary)."""
+    if not hasattr(resource, "RUSAGE_THREAD"):
+        return None
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw, usage.ru_nvcsw
+
+
 class StepMeter:
     """Times every step of one variant and keeps what the record needs.
 
@@ -166,6 +177,8 @@ class StepMeter:
         self._spans: list[tuple[Any, Any]] = []  # (start, end) time marks of each step
         self._tokens: list[TokenCount] = []
         self._wall_s: dict[int, float] = {}
+        self._usage_at: dict[int, tuple[float, int, int]] = {}  # main_thread_usage() at the wall steps, since begin()
+        self._usage_begun: tuple[float, int, int] | None = None
         self._recompiles_at_epoch_end: list[int] = []
         self._t0 = 0.0
         self._begun_at: float | None = None  # the wall clock at begin()
@@ -180,6 +193,7 @@ class StepMeter:
         synchronize(self.device)
         self._t0 = time.perf_counter()
         self._begun_at = time.time()
+        self._usage_begun = main_thread_usage()
 
     def step_start(self) -> None:
         self._started_at = time_mark(self.use_events)
@@ -203,6 +217,9 @@ class StepMeter:
         if self.steps in self.wall_steps:
             synchronize(self.device)
             self._wall_s[self.steps] = time.perf_counter() - self._t0
+            usage = main_thread_usage()
+            if usage is not None and self._usage_begun is not None:
+                self._usage_at[self.steps] = tuple(now - then for now, then in zip(usage, self._usage_begun))  # type: ignore[assignment]
         done = self._done()
         if done and loss is not None:
             # Read now: a CUDA-graph output is overwritten by the next replay.
@@ -256,6 +273,9 @@ class StepMeter:
             "first_step_ms": step_ms[0] if step_ms else None,
             "wall_s_at_step": {str(k): v for k, v in sorted(self._wall_s.items())},
             "wall_first_steps_s": self._wall_s.get(self.total_steps),
+            # The training thread over the same steps: CPU seconds, involuntary and voluntary context switches.
+            "main_thread_at_step": {str(k): {"cpu_s": round(v[0], 4), "involuntary_switches": v[1], "voluntary_switches": v[2]}
+                                    for k, v in sorted(self._usage_at.items())},
             "final_loss": self.final_loss,
             "recompiles_per_epoch": _per_epoch(self._recompiles_at_epoch_end),
             "step_ms_all": [round(ms, 3) for ms in step_ms],

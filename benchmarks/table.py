@@ -350,7 +350,8 @@ def render_pairs(result: dict[str, Any]) -> str:
     for number, pair in enumerate(paired_walls(result, steps), 1):
         lines.append(f"- pair {number}: {pair['wall_s']:.2f} s against eager {pair['eager_before_s']:.2f} s before and "
                      f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%}; "
-                     f"the eager run after it waited {pair['waited_after_s']:.1f} s for its compile processes to end)")
+                     f"the eager run after it waited {pair['waited_after_s']:.1f} s for its compile processes to end"
+                     f"{_thread_line(pair['thread']) if 'thread' in pair else ''})")
     windows = paired_windows(result)
     if windows:
         lines.append(f"- `callback` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
@@ -743,10 +744,24 @@ def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str
         if None in walls:
             continue
         eager_before, wall, eager_after = walls
-        pairs.append({"wall_s": wall, "eager_before_s": eager_before, "eager_after_s": eager_after,
-                      "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1,
-                      "waited_after_s": after.get("waited_for_compile_processes_s") or 0.0})
+        pair = {"wall_s": wall, "eager_before_s": eager_before, "eager_after_s": eager_after,
+                "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1,
+                "waited_after_s": after.get("waited_for_compile_processes_s") or 0.0}
+        threads = [(r.get("main_thread_at_step") or {}).get(str(steps)) for r in (before, record, after)]
+        if None not in threads:  # the training thread's own CPU time and context switches (records since session 37)
+            pair["thread"] = threads
+        pairs.append(pair)
     return pairs
+
+
+def _thread_line(threads: list[dict[str, float]]) -> str:
+    """A pair's training-thread figures: the callback run's CPU seconds against the eager runs' mean, and its
+    involuntary context switches (pre-empted) against theirs."""
+    before, run, after = threads
+    eager_cpu = (before["cpu_s"] + after["cpu_s"]) / 2
+    return (f"; training thread CPU {run['cpu_s']:.2f} s against {before['cpu_s']:.2f} / {after['cpu_s']:.2f} "
+            f"({run['cpu_s'] / eager_cpu:.3f}×), involuntary switches {run['involuntary_switches']} against "
+            f"{before['involuntary_switches']} / {after['involuntary_switches']}")
 
 
 PAIR_WINDOW = 100  # steps per window of paired_windows

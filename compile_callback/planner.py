@@ -80,6 +80,11 @@ class Planner(Protocol):
 
     def background_progress(self) -> dict[str, Any] | None: ...
 
+    def waiting_alone(self) -> bool:
+        """Whether it only waits for a background child, in one process: the batches until its next poll need
+        nothing of it (:meth:`compile_callback.run.CompileRun.quiet_step`)."""
+        ...
+
     def before_fit(self) -> None: ...
 
     def before_batch(self, batch_index: int, **_: Any) -> str | None: ...
@@ -216,6 +221,9 @@ class FixedPlanner(_CompilesRegions):
 
     def priced_speedup(self) -> tuple[float, float] | None:
         return None  # no trials: the callback prices the plan against its eager baseline
+
+    def waiting_alone(self) -> bool:
+        return False
 
     def background_progress(self) -> None:
         return None  # named regions compile in place, never in a child
@@ -791,6 +799,10 @@ class AutoPlanner(_CompilesRegions):
         fields = {"background": f"prepared in the background: {detail}" if ok else f"not prepared in the background: {detail}",
                   "background_s": seconds}
         return fields, child.checked if ok and child is not None and self.processes == 1 else None, stages
+
+    def waiting_alone(self) -> bool:
+        # Under DDP the ranks meet every POLL_EVERY of its batches to agree: each one is the planner's.
+        return self.compiling_in_background is not None and self.processes == 1
 
     def background_progress(self) -> dict[str, Any] | None:
         """What a child compiling now has done so far (None: none compiles): its region, the batch it started

@@ -39,6 +39,8 @@ from compile_callback.watch import CompileWatch
 
 MEMORY_READS_FIRST, MEMORY_READ_EVERY = 32, 128  # the plan's steps whose memory is read: its first ones, then every 128th
 PLAN_TIMED_FIRST, PLAN_TIMED_EVERY = 32, 8  # the frozen plan's steps timed (one shape): its first ones, then every 8th
+# While a background child compiles, a batch takes the full path (polls the child) once this long after the last that did.
+WAITING_POLL_S = 0.05
 SAVED_EAGER = "eager (checkpoint)"  # timer label: eager medians by shape from a checkpoint or a cached plan
 # Per-rank counts (the watch's totals, this fit's) gathered at the end of a multi-process fit.
 RANK_COUNTS = ("graphs", "recompiles", "graph_breaks", "eager_fallbacks", "ddp_pieces")
@@ -154,6 +156,8 @@ class CompileRun:
         self._timed = False  # whether this batch's step is timed (see _step_timed)
         self._steady = False  # whether the next batches may be quiet steps (see quiet_step)
         self._quiet = False  # whether this batch is one
+        self._waiting = False  # whether the next batches may be quiet while a background child compiles (see quiet_step)
+        self._full_at = 0.0  # perf_counter at the last batch that took the full path
         self._step = 0  # the Trainer's global step at the last batch's end
         # Whether the ranks agree on churn every `log_every` batches (a policy that acts, several processes).
         self._churn_agreed_every_log = config.on_recompile != "warn" and env.multi_process
@@ -454,7 +458,7 @@ class CompileRun:
         self.watch.start()  # re-installs the hooks if someone called torch._dynamo.reset()
         self.watch.set_phase(stage="train", epoch=epoch, step=step)
         self._finish_sync_probe()  # first: the planner may compile and run code below
-        planning = time.perf_counter()
+        planning = self._full_at = time.perf_counter()
         issue_ms = None if self._issue_started is None else (planning - self._issue_started) * 1e3
         self._issue_started = None
         self._label = self.planner.before_batch(self.batch_index, issue_ms=issue_ms)
@@ -488,19 +492,23 @@ class CompileRun:
             self.timer.start()
 
     def quiet_step(self) -> bool:
-        """Whether this batch is a quiet step of the frozen plan, and if so begins it; else the batch begins
-        with :meth:`before_batch`. A quiet step reads nothing of the Trainer and is
-        only counted, timed and read for memory where sampled, and watched for a compile: the last full
-        step left the plan steady (:meth:`_still_steady`), and this one is neither a re-pricing round's
-        nor a point where ranks agree on churn. It skips the planner, the probes, the re-pricing and churn
-        checks, which cost the H200's host ~30 us a step (1% of ResNet-18 CIFAR's 3 ms); a compile in it
-        sends :meth:`after_batch` down the full path, which records it as any other."""
-        if not self._steady:
+        """Whether this batch is a quiet step, and if so begins it; else the batch begins with
+        :meth:`before_batch`. A quiet step reads nothing of the Trainer and is only counted, timed and read
+        for memory where sampled, and watched for a compile: the last full step left the plan steady
+        (:meth:`_still_steady`), or waiting for a background child with nothing else to do
+        (:meth:`_waits_quietly`; a batch :data:`WAITING_POLL_S` after the last full one takes the full path,
+        which polls the child), and this one is neither a re-pricing round's nor a point where ranks agree on
+        churn. It skips the planner, the probes, the re-pricing and churn checks, which cost the H200's host
+        ~30 us a step (1% of ResNet-18 CIFAR's 3 ms; the ~1000 batches trained while a child compiles
+        ResNet-18 CIFAR's whole model, 39 us a batch on a 2-core CPU, session 37); a compile in it sends
+        :meth:`after_batch` down the full path, which records it as any other."""
+        if not (self._steady or self._waiting and time.perf_counter() - self._full_at < WAITING_POLL_S):
             return False
         batch = self.batch_index
         if self.repricer.due(batch) or (self._churn_agreed_every_log and (batch + 1) % self.env.log_every == 0):
             return False
-        self._plan_steps += 1
+        if self._steady:
+            self._plan_steps += 1
         self._quiet = True
         self.watch.step = self._step  # type: ignore[union-attr]  # the step a compile in this batch belongs to
         self._host_start = time.perf_counter()
@@ -515,7 +523,20 @@ class CompileRun:
         sample or probe is taken, no re-pricing round runs and no churn waits for the ranks to agree."""
         assert self.planner is not None
         return (self._label == COMPILED and self.planner.frozen and not compiled_now and not self._keys_wanted()
-                and not (self._anatomy_on and self.env.sample_anatomy) and not self.repricer.running
+                and self._nothing_pending())
+
+    def _waits_quietly(self, compiled_now: bool) -> bool:
+        """Whether the batches after this one may be quiet (:meth:`quiet_step`) until the next poll of a
+        background child: this one was a warm-up batch the planner spent waiting for the child, alone (one
+        process: ranks meet at the planner's batches to agree), it compiled nothing, and as for a steady
+        plan no sample, probe, re-pricing or churn is pending."""
+        assert self.planner is not None
+        return self._label == WARMUP and self.planner.waiting_alone() and not compiled_now and self._nothing_pending()
+
+    def _nothing_pending(self) -> bool:
+        """No anatomy sample or probe is taken, no re-pricing round runs, no churn waits for the ranks to agree
+        and validation's eager stance is off."""
+        return (not (self._anatomy_on and self.env.sample_anatomy) and not self.repricer.running
                 and not self._churn_pending and self._eager_stance is None)
 
     def before_backward(self) -> None:
@@ -606,6 +627,7 @@ class CompileRun:
         every_rank_here = self.config.on_recompile != "warn" and self.batch_index % self.env.log_every == 0
         self.check_churn(step, every_rank_here=every_rank_here)
         self._steady = self._still_steady(compiled_now)
+        self._waiting = not self._steady and self._waits_quietly(compiled_now)
 
     def _close_launcher(self) -> None:
         if self._launcher is not None:
@@ -824,7 +846,7 @@ class CompileRun:
 
     def _act(self, action: ChurnAction) -> None:
         """Carries out :func:`churn.remedies` for ``action``, the first that applies."""
-        self._steady = False  # the plan may change: the next batch takes the full path
+        self._steady = self._waiting = False  # the plan may change: the next batch takes the full path
         train_loaders = self.env.train_loaders()
         padding_failed = False
         for policy in remedies(action, padding_possible=self.pad is None and train_loaders is not None):

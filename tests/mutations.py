@@ -745,6 +745,20 @@ MUTATIONS = [
         tests=("tests/test_timing.py::test_warm_up_batches_are_not_timed_and_the_eager_baseline_is",),
     ),
     Mutation(
+        name="batches trained while a child compiles all take the full path",
+        path="compile_callback/run.py",
+        old="        self._waiting = not self._steady and self._waits_quietly(compiled_now)\n",
+        new="",
+        tests=("tests/test_background.py::test_batches_trained_while_the_child_compiles_poll_it_only_every_so_often",),
+    ),
+    Mutation(
+        name="batches trained while a child compiles never poll it again",
+        path="compile_callback/run.py",
+        old="self._waiting and time.perf_counter() - self._full_at < WAITING_POLL_S",
+        new="self._waiting",
+        tests=("tests/test_background.py::test_batches_trained_while_the_child_compiles_poll_it_only_every_so_often",),
+    ),
+    Mutation(
         name="a quiet step that compiled is not recorded until a later full step",
         path="compile_callback/run.py",
         old="        if quiet and self.watch.idle:",

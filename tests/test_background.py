@@ -83,6 +83,52 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     assert planner._in_background(part.region, part.units) == (True, None)
 
 
+@pytest.mark.slow
+def test_batches_trained_while_the_child_compiles_poll_it_only_every_so_often(tmp_path, monkeypatch):
+    """While a child compiles, a batch takes the hooks' full path (the planner, which polls the child) only
+    ``WAITING_POLL_S`` after the last batch that did; the others are quiet (``CompileRun.quiet_step``: 39 ->
+    16 us a batch on a 2-core CPU). The child's end is still seen, and the trial follows."""
+    from compile_callback import run as run_module
+
+    monkeypatch.setattr(run_module, "WAITING_POLL_S", 0.25)  # FasterCompiled's eager batches take 100 ms each
+    batches: list[tuple[int, float, bool]] = []  # (batch, its start, whether a child compiled then)
+    full: set[int] = set()
+    before_batch = run_module.CompileRun.before_batch
+
+    def recorded_before_batch(self, module, **kwargs):
+        full.add(self.batch_index)
+        return before_batch(self, module, **kwargs)
+
+    monkeypatch.setattr(run_module.CompileRun, "before_batch", recorded_before_batch)
+    callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
+                               trial_steps=4, max_trials=1, anatomy=False)  # anatomy: as on CUDA, else never quiet
+
+    class Recorder(L.Callback):  # listed first: its hook runs before the CompileCallback's
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            run = callback.run  # its batch index counts across epochs (batch_idx does not)
+            batches.append((run.batch_index, time.perf_counter(), run.planner.compiling_in_background is not None))
+
+    trainer = make_trainer(tmp_path, [Recorder(), callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    model = FasterCompiled()
+    trainer.fit(model, loader(batch_size=8))
+    assert trainer.global_step == STEPS and model.batches_seen == STEPS
+    [decision] = callback.last_report["decisions"]
+    assert decision["background"].startswith("prepared in the background: the child compiled") and decision["kept"]
+    waiting = [(index, at) for index, at, compiling in batches if compiling]  # the hand-over's batch is not one
+    assert len(waiting) > 30  # a fresh interpreter's imports: seconds of 100 ms batches
+    last_full = None
+    for index, at, compiling in batches:
+        if compiling and index in full:
+            assert at - last_full >= 0.25, (index, at - last_full)
+        elif compiling:  # quiet: within WAITING_POLL_S of the last full batch
+            assert at - last_full < 0.25, (index, at - last_full)
+        last_full = at if index in full else last_full
+    quiet = [index for index, _ in waiting if index not in full]
+    assert len(quiet) >= len(waiting) // 3, (len(quiet), len(waiting))
+    # The batch after the child's last one polled it and started the trial: nothing waited past a poll.
+    assert max(index for index, _ in waiting) + 1 in full
+
+
 def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_child(tmp_path, monkeypatch):
     started = []
     real_start = background.start
