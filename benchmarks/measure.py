@@ -108,6 +108,9 @@ class InFitAB:
         }
 
 
+USAGE_EVERY = 100  # steps between readings of the training thread's usage (and at every wall step)
+
+
 def main_thread_usage() -> tuple[float, int, int] | None:
     """This thread's CPU seconds (user and system) and its involuntary and voluntary context switches so far
     (None where the system keeps no per-thread figures): whether a slower run did more work on the training
@@ -177,7 +180,7 @@ class StepMeter:
         self._spans: list[tuple[Any, Any]] = []  # (start, end) time marks of each step
         self._tokens: list[TokenCount] = []
         self._wall_s: dict[int, float] = {}
-        self._usage_at: dict[int, tuple[float, int, int]] = {}  # main_thread_usage() at the wall steps, since begin()
+        self._usage_at: dict[int, tuple[float, int, int]] = {}  # main_thread_usage() since begin(), every USAGE_EVERY steps
         self._usage_begun: tuple[float, int, int] | None = None
         self._recompiles_at_epoch_end: list[int] = []
         self._t0 = 0.0
@@ -217,6 +220,7 @@ class StepMeter:
         if self.steps in self.wall_steps:
             synchronize(self.device)
             self._wall_s[self.steps] = time.perf_counter() - self._t0
+        if self.steps in self.wall_steps or self.steps % USAGE_EVERY == 0:  # no sync needed: the thread's own clock
             usage = main_thread_usage()
             if usage is not None and self._usage_begun is not None:
                 self._usage_at[self.steps] = tuple(now - then for now, then in zip(usage, self._usage_begun))  # type: ignore[assignment]

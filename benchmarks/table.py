@@ -356,6 +356,10 @@ def render_pairs(result: dict[str, Any]) -> str:
     if windows:
         lines.append(f"- `callback` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
                      f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in windows)}")
+    threads = paired_thread_windows(result)
+    if threads:
+        lines.append(f"- `callback`'s training thread CPU against the eager runs' either side, {PAIR_WINDOW} steps at a time "
+                     f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in threads)}")
     stages = paired_child_stages(result)
     if stages:
         lines.append("- `callback` against the eager runs either side, by what its background child was doing (median "
@@ -729,16 +733,20 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
 PAIRS_FOR_A_VERDICT = 3  # pairs whose two eager runs agree within DRIFT_WARNING
 
 
+def _paired_runs(result: dict[str, Any], name: str) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """A ``--pairs`` run's ``name`` runs, each with the eager runs either side of it: (before, run, after)."""
+    records = result.get("records", [])
+    return [(records[index - 1], records[index], records[index + 1]) for index in range(1, len(records) - 1)
+            if records[index].get("variant") == name and records[index - 1].get("variant") == "eager"
+            and records[index + 1].get("variant") == "eager"]
+
+
 def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str = "callback") -> list[dict[str, float]]:
     """A ``--pairs`` run's ``name`` runs (records in the order they ran: eager, name, eager, name, ..., eager),
     each one's wall time over its first ``steps`` steps against the eager runs either side of it: ``ratio`` to their mean, and
     ``eager_move``, how far the second eager run's differs from the first's (the host's move across the pair)."""
-    records = result.get("records", [])
     pairs = []
-    for index in range(1, len(records) - 1):
-        before, record, after = records[index - 1], records[index], records[index + 1]
-        if record.get("variant") != name or before.get("variant") != "eager" or after.get("variant") != "eager":
-            continue
+    for before, record, after in _paired_runs(result, name):
         walls = [(r.get("wall_s_at_step") or {}).get(str(steps)) if r.get("status") == "ok" else None
                  for r in (before, record, after)]
         if None in walls:
@@ -771,11 +779,7 @@ def paired_windows(result: dict[str, Any], name: str = "callback", window: int =
     """A ``--pairs`` run's ``name`` runs window by window: per ``window`` steps from the start, the median over
     the pairs of the run's summed step times there against the mean of the eager runs' either side, in the
     windows every run of the pairs covers: where in the run its cost lies (a child's start, its compile)."""
-    records = result.get("records", [])
-    triples = [[r.get("step_ms_all") or [] for r in records[index - 1:index + 2]]
-               for index in range(1, len(records) - 1)
-               if records[index].get("variant") == name and records[index - 1].get("variant") == "eager"
-               and records[index + 1].get("variant") == "eager"]
+    triples = [[r.get("step_ms_all") or [] for r in runs] for runs in _paired_runs(result, name)]
     if not triples:
         return []
     windows = min(len(steps) for triple in triples for steps in triple) // window
@@ -787,6 +791,27 @@ def paired_windows(result: dict[str, Any], name: str = "callback", window: int =
     return ratios
 
 
+def paired_thread_windows(result: dict[str, Any], name: str = "callback", window: int = PAIR_WINDOW) -> list[float]:
+    """As :func:`paired_windows`, for the training thread's CPU seconds (``main_thread_at_step``, read every
+    ``window`` steps): per window, the median over the pairs of the run's thread CPU there against the mean of the
+    eager runs' either side, in the windows every run of the pairs read."""
+    triples = [[r.get("main_thread_at_step") or {} for r in runs] for runs in _paired_runs(result, name)]
+    if not triples:
+        return []
+    ratios = []
+    begun = {"cpu_s": 0.0}  # the readings count from the run's start
+    for end in range(window, 10**9, window):
+        readings = [[(usage.get(str(end - window)) if end > window else begun, usage.get(str(end))) for usage in triple]
+                    for triple in triples]
+        if any(first is None or last is None for triple in readings for first, last in triple):
+            break
+        spans = [[last["cpu_s"] - first["cpu_s"] for first, last in triple] for triple in readings]
+        if any(before + after <= 0 for before, _, after in spans):
+            break
+        ratios.append(statistics.median(run / ((before + after) / 2) for before, run, after in spans))
+    return ratios
+
+
 def paired_child_stages(result: dict[str, Any], name: str = "callback") -> list[dict[str, Any]]:
     """A ``--pairs`` run's ``name`` runs by what their background child was doing: the steps before the
     hand-over, then each stage the child had started by the fit's end (the report's
@@ -794,13 +819,9 @@ def paired_child_stages(result: dict[str, Any], name: str = "callback") -> list[
     end). Per span, the median over the pairs of the run's summed step times there against the mean of the
     eager runs' over the same steps, and the steps it spans in the first pair; spans in the order the child
     ran them. Pairs whose child finished within the fit (no such field) are left out."""
-    records = result.get("records", [])
     spans: dict[str, list[float]] = {}
     steps_of: dict[str, tuple[int, int]] = {}
-    for index in range(1, len(records) - 1):
-        before, run, after = records[index - 1:index + 2]
-        if run.get("variant") != name or before.get("variant") != "eager" or after.get("variant") != "eager":
-            continue
+    for before, run, after in _paired_runs(result, name):
         progress = ((run.get("callback") or {}).get("plan") or {}).get("compiling_in_background")
         ends, begun = run.get("step_ends_s") or [], run.get("begun_at")
         if not progress or not ends or begun is None:

@@ -477,6 +477,23 @@ def test_a_paired_run_shows_where_in_the_run_the_callback_costs_its_time():
     assert "100 steps at a time from the start (median over the pairs): 1.100×, 1.000×" in table.render_pairs(result)
 
 
+def test_a_paired_run_shows_where_the_callbacks_training_thread_did_more_work():
+    """The training thread's CPU seconds, read every 100 steps, window by window against the eager runs either
+    side: 5% more in its second window shows there; a window some run did not read ends the list."""
+    result = _paired("resnet18_cifar", [7.0] * 5)
+    for index, record in enumerate(result["records"]):
+        per_window = [0.4 + 0.02 * index] * 3  # the host slows run by run
+        if record["variant"] == "callback":
+            per_window[1] *= 1.05
+        record["main_thread_at_step"] = {str(100 * (n + 1)): {"cpu_s": sum(per_window[:n + 1]), "involuntary_switches": 0,
+                                                              "voluntary_switches": 100} for n in range(3)}
+    del result["records"][4]["main_thread_at_step"]["300"]  # the last eager run read 2 windows only
+    assert table.paired_thread_windows(result) == pytest.approx([1.0, 1.05])
+    assert "training thread CPU against the eager runs' either side, 100 steps at a time (median over the pairs): 1.000×, 1.050×" in (
+        table.render_pairs(result))
+    assert table.paired_thread_windows(_paired("resnet18_cifar", [7.0] * 5)) == []  # records before session 37: none
+
+
 def test_a_paired_run_shows_what_the_callbacks_child_was_doing_where_it_cost_time():
     """Each callback run's steps set against its child's stages by the wall clock (the report's
     ``compiling_in_background``, the steps' host end times): the 20% the child's eager stage costs shows

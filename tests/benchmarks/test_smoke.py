@@ -949,3 +949,22 @@ def test_precision_applies_to_the_lightning_variants_and_refuses_the_plain_loop(
         result = json.load(handle)
     assert result["settings"]["precision"] == "bf16-true" and result["complete"], result["settings"]
     assert [r["weights_dtype"] for r in result["records"]] == ["bfloat16", "bfloat16"], result["records"]
+
+
+def test_step_meter_reads_the_training_threads_cpu_every_hundred_steps_and_at_the_wall_steps():
+    """``main_thread_at_step``: the thread's CPU seconds since begin() at every 100th step and at each wall step,
+    growing, each no more than the wall time so far; work done on the thread shows in them."""
+    meter = StepMeter(torch.device("cpu"), total_steps=250, measured_steps=10, wall_steps=(150,))
+    meter.begin()
+    started = time.perf_counter()
+    for step in range(250):
+        meter.step_start()
+        spin = time.perf_counter() + 0.001
+        while time.perf_counter() < spin:  # a millisecond of the thread's own work a step
+            pass
+        meter.step_end()
+    threads = meter.result()["main_thread_at_step"]
+    assert list(threads) == ["100", "150", "200", "250"]
+    cpu = [threads[k]["cpu_s"] for k in threads]
+    assert cpu == sorted(cpu) and cpu[-1] <= time.perf_counter() - started + 0.01
+    assert cpu[0] >= 0.02  # 100 ms of spinning: at least a fifth of it on the CPU, however loaded the machine
