@@ -502,7 +502,7 @@ class CompileRun:
         ~30 us a step (1% of ResNet-18 CIFAR's 3 ms; the ~1000 batches trained while a child compiles
         ResNet-18 CIFAR's whole model, 39 us a batch on a 2-core CPU, session 37); a compile in it sends
         :meth:`after_batch` down the full path, which records it as any other."""
-        if not (self._steady or self._waiting and time.perf_counter() - self._full_at < WAITING_POLL_S):
+        if not (self._steady or (self._waiting and time.perf_counter() - self._full_at < WAITING_POLL_S)):
             return False
         batch = self.batch_index
         if self.repricer.due(batch) or (self._churn_agreed_every_log and (batch + 1) % self.env.log_every == 0):
