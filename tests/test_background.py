@@ -91,42 +91,38 @@ def test_batches_trained_while_the_child_compiles_poll_it_only_every_so_often(tm
     from compile_callback import run as run_module
 
     monkeypatch.setattr(run_module, "WAITING_POLL_S", 0.25)  # FasterCompiled's eager batches take 100 ms each
-    batches: list[tuple[int, float, bool]] = []  # (batch, its start, whether a child compiled then)
-    full: set[int] = set()
-    before_batch = run_module.CompileRun.before_batch
+    # Each batch: (index, when its quiet_step was asked, whether it was quiet, the last full batch's start, whether a
+    # child compiled then); a batch's full path starts with before_batch, which sets that start.
+    batches: list[tuple[int, float, bool, float, bool]] = []
+    quiet_step = run_module.CompileRun.quiet_step
 
-    def recorded_before_batch(self, module, **kwargs):
-        full.add(self.batch_index)
-        return before_batch(self, module, **kwargs)
+    def recorded_quiet_step(self):
+        asked, last_full = time.perf_counter(), self._full_at
+        quiet = quiet_step(self)
+        batches.append((self.batch_index, asked, quiet, last_full, self.planner.compiling_in_background is not None))
+        return quiet
 
-    monkeypatch.setattr(run_module.CompileRun, "before_batch", recorded_before_batch)
+    monkeypatch.setattr(run_module.CompileRun, "quiet_step", recorded_quiet_step)
     callback = CompileCallback(backend="eager", background_compile=True, eager_baseline_steps=2, warmup_steps=1,
                                trial_steps=4, max_trials=1, anatomy=False)  # anatomy: as on CUDA, else never quiet
-
-    class Recorder(L.Callback):  # listed first: its hook runs before the CompileCallback's
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            run = callback.run  # its batch index counts across epochs (batch_idx does not)
-            batches.append((run.batch_index, time.perf_counter(), run.planner.compiling_in_background is not None))
-
-    trainer = make_trainer(tmp_path, [Recorder(), callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
+    trainer = make_trainer(tmp_path, [callback], max_steps=STEPS, max_epochs=100, limit_val_batches=0)
     model = FasterCompiled()
     trainer.fit(model, loader(batch_size=8))
     assert trainer.global_step == STEPS and model.batches_seen == STEPS
     [decision] = callback.last_report["decisions"]
     assert decision["background"].startswith("prepared in the background: the child compiled") and decision["kept"]
-    waiting = [(index, at) for index, at, compiling in batches if compiling]  # the hand-over's batch is not one
+    waiting = [batch for batch in batches if batch[4]]  # the hand-over's own batch is not one
     assert len(waiting) > 30  # a fresh interpreter's imports: seconds of 100 ms batches
-    last_full = None
-    for index, at, compiling in batches:
-        if compiling and index in full:
-            assert at - last_full >= 0.25, (index, at - last_full)
-        elif compiling:  # quiet: within WAITING_POLL_S of the last full batch
-            assert at - last_full < 0.25, (index, at - last_full)
-        last_full = at if index in full else last_full
-    quiet = [index for index, _ in waiting if index not in full]
+    for index, asked, quiet, last_full, _ in waiting:
+        if quiet:  # within WAITING_POLL_S of the last full batch (asked a moment before quiet_step looked)
+            assert asked - last_full < 0.25, (index, asked - last_full)
+        else:  # polled the child: WAITING_POLL_S or more after the last (5 ms: quiet_step looked a moment later)
+            assert asked - last_full >= 0.245, (index, asked - last_full)
+    quiet = [index for index, _, was_quiet, _, _ in waiting if was_quiet]
     assert len(quiet) >= len(waiting) // 3, (len(quiet), len(waiting))
-    # The batch after the child's last one polled it and started the trial: nothing waited past a poll.
-    assert max(index for index, _ in waiting) + 1 in full
+    # The last batch a child compiled in was a full one: its poll found the child done and the trial began there.
+    assert not waiting[-1][2]
+    assert not next(batch for batch in batches if batch[0] == waiting[-1][0] + 1)[4]
 
 
 def test_a_fit_that_ends_while_the_child_compiles_trains_eagerly_and_leaves_no_child(tmp_path, monkeypatch):
