@@ -759,6 +759,13 @@ MUTATIONS = [
         tests=("tests/test_background.py::test_batches_trained_while_the_child_compiles_poll_it_only_every_so_often",),
     ),
     Mutation(
+        name="a waiting batch is quiet under DDP too, where the ranks meet at the planner's batches",
+        path="compile_callback/planner.py",
+        old="        return self.compiling_in_background is not None and self.processes == 1\n",
+        new="        return self.compiling_in_background is not None\n",
+        tests=("tests/test_background.py::test_only_one_process_waits_for_a_child_quietly",),
+    ),
+    Mutation(
         name="a quiet step that compiled is not recorded until a later full step",
         path="compile_callback/run.py",
         old="        if quiet and self.watch.idle:",

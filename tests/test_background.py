@@ -655,3 +655,17 @@ def test_named_regions_say_they_have_no_trial_for_a_child(tmp_path):
     trainer = make_trainer(tmp_path, [callback], max_steps=6, max_epochs=1, limit_val_batches=0)
     trainer.fit(TinyModel(), loader(batch_size=8))
     assert any(n.startswith("background compile off: named regions") for n in callback.last_report["plan"]["notes"])
+
+
+def test_only_one_process_waits_for_a_child_quietly():
+    """Under DDP the ranks agree every POLL_EVERY of the planner's batches whether every child is done: a rank
+    that skipped the planner in some batches (the quiet waiting path) would meet the others at another batch.
+    So a planner waits alone, and its batches may be quiet, in one process only."""
+    from tests.test_mode_trial import Blocks, unrun_planner
+
+    planner = unrun_planner(Blocks(), device="cpu")
+    assert not planner.waiting_alone()  # no child compiles
+    planner.compiling_in_background = ("model", 16, None)
+    assert planner.waiting_alone()
+    planner.processes = 2
+    assert not planner.waiting_alone()
