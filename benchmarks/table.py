@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -733,6 +734,11 @@ def _wall_time_verdict(workload: str, records: dict[str, dict[str, Any]], invali
 PAIRS_FOR_A_VERDICT = 3  # pairs whose two eager runs agree within DRIFT_WARNING
 
 
+def _against_either_side(before: float, run: float, after: float) -> float:
+    """A paired run's figure against the mean of the eager runs' either side of it."""
+    return run / ((before + after) / 2)
+
+
 def _paired_runs(result: dict[str, Any], name: str) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
     """A ``--pairs`` run's ``name`` runs, each with the eager runs either side of it: (before, run, after)."""
     records = result.get("records", [])
@@ -753,7 +759,7 @@ def paired_walls(result: dict[str, Any], steps: int = SPEC_WALL_STEPS, name: str
             continue
         eager_before, wall, eager_after = walls
         pair = {"wall_s": wall, "eager_before_s": eager_before, "eager_after_s": eager_after,
-                "ratio": wall / ((eager_before + eager_after) / 2), "eager_move": eager_after / eager_before - 1,
+                "ratio": _against_either_side(eager_before, wall, eager_after), "eager_move": eager_after / eager_before - 1,
                 "waited_after_s": after.get("waited_for_compile_processes_s") or 0.0}
         threads = [(r.get("main_thread_at_step") or {}).get(str(steps)) for r in (before, record, after)]
         if None not in threads:  # the training thread's own CPU time and context switches (records since session 37)
@@ -766,9 +772,9 @@ def _thread_line(threads: list[dict[str, float]]) -> str:
     """A pair's training-thread figures: the callback run's CPU seconds against the eager runs' mean, and its
     involuntary context switches (pre-empted) against theirs."""
     before, run, after = threads
-    eager_cpu = (before["cpu_s"] + after["cpu_s"]) / 2
+    ratio = _against_either_side(before["cpu_s"], run["cpu_s"], after["cpu_s"])
     return (f"; training thread CPU {run['cpu_s']:.2f} s against {before['cpu_s']:.2f} / {after['cpu_s']:.2f} "
-            f"({run['cpu_s'] / eager_cpu:.3f}×), involuntary switches {run['involuntary_switches']} against "
+            f"({ratio:.3f}×), involuntary switches {run['involuntary_switches']} against "
             f"{before['involuntary_switches']} / {after['involuntary_switches']}")
 
 
@@ -786,7 +792,7 @@ def paired_windows(result: dict[str, Any], name: str = "callback", window: int =
     ratios = []
     for number in range(windows):
         cut = slice(number * window, (number + 1) * window)
-        ratios.append(statistics.median(sum(run[cut]) / ((sum(before[cut]) + sum(after[cut])) / 2)
+        ratios.append(statistics.median(_against_either_side(sum(before[cut]), sum(run[cut]), sum(after[cut]))
                                         for before, run, after in triples))
     return ratios
 
@@ -800,7 +806,7 @@ def paired_thread_windows(result: dict[str, Any], name: str = "callback", window
         return []
     ratios = []
     begun = {"cpu_s": 0.0}  # the readings count from the run's start
-    for end in range(window, 10**9, window):
+    for end in itertools.count(window, window):
         readings = [[(usage.get(str(end - window)) if end > window else begun, usage.get(str(end))) for usage in triple]
                     for triple in triples]
         if any(first is None or last is None for triple in readings for first, last in triple):
@@ -808,7 +814,7 @@ def paired_thread_windows(result: dict[str, Any], name: str = "callback", window
         spans = [[last["cpu_s"] - first["cpu_s"] for first, last in triple] for triple in readings]
         if any(before + after <= 0 for before, _, after in spans):
             break
-        ratios.append(statistics.median(run / ((before + after) / 2) for before, run, after in spans))
+        ratios.append(statistics.median(_against_either_side(*triple) for triple in spans))
     return ratios
 
 
@@ -834,8 +840,8 @@ def paired_child_stages(result: dict[str, Any], name: str = "callback") -> list[
             picked = [i for i in range(min(count, len(ends))) if at <= begun + ends[i] < until]
             if not picked:
                 continue
-            eager = (sum(before["step_ms_all"][i] for i in picked) + sum(after["step_ms_all"][i] for i in picked)) / 2
-            spans.setdefault(stage, []).append(sum(run["step_ms_all"][i] for i in picked) / eager)
+            summed = [sum(r["step_ms_all"][i] for i in picked) for r in (before, run, after)]
+            spans.setdefault(stage, []).append(_against_either_side(*summed))
             steps_of.setdefault(stage, (picked[0], picked[-1]))
     return [{"stage": stage, "ratio": statistics.median(ratios), "pairs": len(ratios), "steps": steps_of[stage]}
             for stage, ratios in spans.items()]
