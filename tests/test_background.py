@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import time
+from copy import deepcopy
 
 import lightning as L
 import pytest
@@ -457,7 +458,7 @@ def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(process, "wait", stuck_wait)
     payload, log = tmp_path / "payload.pkl", tmp_path / "child.log"
     payload.write_bytes(b""), log.write_text("")
-    child = background.BackgroundCompile(process, str(payload), str(log), time.monotonic())
+    child = background.BackgroundCompile(str(payload), process=process, log=str(log))
     started = time.monotonic()
     child.discard()
     assert waited == [0.2] and time.monotonic() - started < 5
@@ -594,6 +595,19 @@ def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():
         matmul.fp32_precision = before
 
 
+def _payload(module, held, device="cpu"):
+    """``background._payload``'s path, writer and whether it may write beside training, for ``module``."""
+    return background._payload("model", module, held, CompileOptions(backend="eager"), context=contextlib.nullcontext,
+                               device=torch.device(device), verify=True, tolerance=None)
+
+
+def read_payload(path):
+    """(header, object) of a payload file, as a child reads it."""
+    with open(path, "rb") as file:
+        header = pickle.load(file)
+        return header, background._load(file)
+
+
 def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_views():
     # Each plain tensor that fills its storage goes as its bytes (torch's own pickling saves each storage
     # with torch.save into a buffer first); the child must get what the run has, or its compile keys
@@ -604,17 +618,12 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
     net.conv.weight.requires_grad_(False)
     images = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     held = ((images,), {"ids": torch.arange(6)})
-    file, as_bytes = io.BytesIO(), []
-
-    class Counted(background._PayloadPickler):
-        def reducer_override(self, obj):
-            reduced = super().reducer_override(obj)
-            if reduced is not NotImplemented:
-                as_bytes.append(reduced)
-            return reduced
-
-    Counted(file).dump((net, held))
-    copy, ((images_copy,), kwargs) = pickle.loads(file.getvalue())
+    path, write, beside = _payload(net, held)
+    assert not beside  # on a CPU it is written before training goes on
+    write()
+    header, (copy, ((images_copy,), kwargs)) = read_payload(path)
+    os.remove(path)
+    assert header["name"] == "model"
     assert_same_state(net, copy)
     assert copy.conv.weight.is_contiguous(memory_format=torch.channels_last) and copy.conv.weight.note == "kept"
     assert copy.head.weight is copy.embed.weight
@@ -625,7 +634,32 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
     assert torch.equal(kwargs["ids"], torch.arange(6))
     # The conv's weight and bias, the tied weight once, the table, the images and the ids went as bytes;
     # the view (a part of its storage) went torch's way.
-    assert len(as_bytes) == 6 and all(function is background._rebuild_tensor for function, _ in as_bytes)
+    pickler = background._StructurePickler(io.BytesIO(), copy=False)
+    pickler.dump((net, held))
+    assert len(pickler.tensors) == 6
+
+
+def test_a_payload_written_beside_training_holds_the_tensors_as_they_were_at_the_hand_over(monkeypatch):
+    # On a GPU with room the payload's tensors are copied on the device at the hand-over and written by a
+    # thread while training goes on, changing the originals in place (an optimizer step): the child must get
+    # the module as it was handed over, every tensor of it from one moment, as a payload written at once.
+    monkeypatch.setattr(background, "_beside_training", lambda device, room: True)
+    net = TiedNet()
+    images = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    before, images_before = deepcopy(net), images.clone()
+    path, write, beside = _payload(net, ((images,), {}))
+    assert beside
+    with torch.no_grad():  # training's next steps, before the thread writes
+        for parameter in net.parameters():
+            parameter.add_(1.0)
+        net.table.mul_(2.0)
+        images.zero_()
+    write()
+    _, (copy, ((images_copy,), _)) = read_payload(path)
+    os.remove(path)
+    assert_same_state(before, copy)
+    assert copy.head.weight is copy.embed.weight and copy.conv.weight.note == "kept"
+    assert images_copy.stride() == images.stride() and torch.equal(images_copy, images_before)
 
 
 def assert_same_state(original: nn.Module, copy: nn.Module) -> None:
