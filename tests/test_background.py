@@ -39,9 +39,14 @@ def _fit(tmp_path, model, backend="eager", callbacks=()):
 
 
 @pytest.mark.slow
-def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch):
-    standbys, at_fit_start = [], []
+@pytest.mark.parametrize("beside", [False, True], ids=["written-at-once", "written-beside-training"])
+def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch, beside):
+    standbys, at_fit_start, started = [], [], []
     monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+    # On a CPU the payload is written at the hand-over; on a GPU with room, by a thread beside training.
+    monkeypatch.setattr(background, "_beside_training", lambda device, room: beside)
+    monkeypatch.setattr(background, "start", lambda *args, start=background.start, **kwargs:
+                        started.append(start(*args, **kwargs)) or started[-1])
 
     class BeforeFitStart(L.Callback):  # listed first: its on_fit_start runs before the CompileCallback's
         def on_fit_start(self, trainer, pl_module):
@@ -82,6 +87,32 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     part = next(c for c in planner._all_candidates if c.name == "blocks.*")
     assert part.region.module_names[0] not in planner.profiler.held_inputs
     assert planner._in_background(part.region, part.units) == (True, None)
+    [child] = started
+    assert (child.handing_over is not None) == beside and child.standby and not os.path.exists(child.payload)
+
+
+@pytest.mark.slow
+def test_a_payload_that_cannot_be_written_beside_training_leaves_the_trial_to_compile_in_process(tmp_path, monkeypatch):
+    import tempfile
+
+    standbys = []
+    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+    monkeypatch.setattr(background, "_beside_training", lambda device, room: True)
+
+    def disk_full(self):  # as the thread writes the tensors' bytes
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(background._Tensor, "__reduce__", disk_full)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the child's payload goes
+    os.makedirs(tempfile.tempdir)
+    _, decision = _fit(tmp_path, FasterCompiled())
+    assert decision["background"] == ("not prepared in the background: the payload could not be written "
+                                      "(OSError: [Errno 28] No space left on device)")
+    assert decision["background_s"] is None
+    assert decision["kept"] and decision["verified"] is True  # the trial went on as without a background compile
+    # No payload left, and the standby that waited for it ended with its log (as did the one started after it).
+    assert not any(name.startswith("compile-callback-") and name.endswith(".pkl") for name in os.listdir(tempfile.tempdir))
+    assert standbys and all(standby.process.poll() is not None and not os.path.exists(standby.log) for standby in standbys)
 
 
 @pytest.mark.slow
