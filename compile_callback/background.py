@@ -46,14 +46,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import io
 import json
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -224,31 +222,23 @@ def _apply(settings: dict[str, Any]) -> None:
 
 @dataclasses.dataclass
 class BackgroundCompile:
-    """A child process compiling one candidate; :meth:`done` is polled once a training step.
+    """A child process compiling one candidate; :meth:`done` is polled once a training step."""
 
-    Its payload is handed over by :func:`start`, on the training thread or, where the tensors were copied on
-    their device, by a thread of its own (``handing_over``): until that thread ends the child has no
-    ``process`` (unless it is a standby's) and is not done."""
-
+    process: subprocess.Popen
     payload: str
-    process: subprocess.Popen | None = None  # the interpreter compiling it (None: not started yet, or it failed to)
-    log: str | None = None  # its output (None: not started yet)
-    started: float = dataclasses.field(default_factory=time.monotonic)
+    log: str
+    started: float
     time_limit_s: float = CHILD_TIME_LIMIT_S
     seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
     standby: bool = False  # whether it ran on the interpreter started with the fit (:class:`Standby`)
     sent_at: float = dataclasses.field(default_factory=time.time)  # the wall clock when it was given its payload
-    handing_over: threading.Thread | None = None  # writes the payload and starts the child beside training
-    failed: str | None = None  # why the hand-over failed (the payload not written, no interpreter to run it)
 
     def progress(self) -> list[dict[str, Any]]:
         """The stages the child has started so far, in order: each one's name, its wall clock (``at``) and its
         seconds since the child was given its payload (``after_s``). For a report made while it runs: a fit
         that ends first stops it before it says how long each stage took."""
-        if self.log is None or self._handing_over():
-            return []
         try:
             with open(self.log) as handle:
                 lines = [line for line in handle.read().splitlines() if line.startswith(_STAGE)]
@@ -263,9 +253,7 @@ class BackgroundCompile:
         return stages
 
     def done(self) -> bool:
-        if self._handing_over():
-            return False
-        if self.process is None or self.process.poll() is not None:
+        if self.process.poll() is not None:
             return True
         if time.monotonic() - self.started > self.time_limit_s:
             self.stop()
@@ -273,28 +261,20 @@ class BackgroundCompile:
         return False
 
     def stop(self) -> None:
-        """Ends the child if it still runs (a time limit, a fit that ends) and removes its payload. A hand-over
-        under way is waited for first: it ends once the payload is written and the child started."""
-        if self.handing_over is not None:
-            self.handing_over.join()
-        if self.process is not None:
-            _end(self.process)
+        """Ends the child if it still runs (a time limit, a fit that ends) and removes its payload."""
+        _end(self.process)
         if os.path.exists(self.payload):
             os.remove(self.payload)
 
     def discard(self) -> None:
         """Stops the child and removes its files without reading them (the fit ended first)."""
         self.stop()
-        if self.log is not None and os.path.exists(self.log):
+        if os.path.exists(self.log):
             os.remove(self.log)
 
     def outcome(self) -> tuple[bool, str]:
         """(whether the child compiled, what it said or why it failed). Call after :meth:`done`."""
         self.stop()
-        if self.failed is not None:
-            self.discard()
-            return False, self.failed
-        assert self.process is not None and self.log is not None  # a hand-over that did not fail started one
         seconds = time.monotonic() - self.started
         try:
             with open(self.log) as handle:
@@ -316,32 +296,6 @@ class BackgroundCompile:
             self.checked = VerificationResult(bool(result["passed"]), **result["checked"])
         return True, f"the child compiled and checked it in {result['seconds']:.1f} s ({seconds:.1f} s in all{how})"
 
-    def _handing_over(self) -> bool:
-        return self.handing_over is not None and self.handing_over.is_alive()
-
-    def _hand_over(self, write: Callable[[], None], standby: Standby | None) -> None:
-        """Writes the payload, then gives it to ``standby`` where it still waits, else to a fresh interpreter;
-        a failure is kept in :attr:`failed` (beside training, nothing is raised to it)."""
-        try:
-            write()
-        except Exception as error:  # a full disk, a tensor that no longer copies
-            if standby is not None:
-                standby.stop()
-            self.failed = f"the payload could not be written ({torch_internals.describe_error(error)[:200]})"
-            return
-        self.sent_at = time.time()
-        if standby is not None and standby.go(self.payload):
-            return
-        if standby is not None:  # it died waiting (its log says why): a fresh interpreter instead
-            standby.stop()
-        self.standby = False
-        try:
-            self.process, self.log = _spawn([self.payload, str(os.getpid()), repr(self.sent_at)])
-        except ValueError as error:  # COMPILE_CALLBACK_CHILD_CPUS names CPUs it cannot have
-            self.failed = str(error)
-        except OSError as error:  # no interpreter could be started (no memory for a process, no file descriptors)
-            self.failed = f"no child could be started ({error})"
-
 
 def start(
     name: str,
@@ -355,41 +309,30 @@ def start(
     """Starts a child that compiles ``module`` (the region module called ``name``: "" or "model" for the
     root) on the held input ``held`` as a trial would: on ``standby`` where one waits, else in a fresh
     interpreter. A ``standby`` not used (the module does not pickle, no memory) is stopped. ``settings``:
-    the fit's, as :func:`_payload` takes them.
-
-    What training waits for here is the payload's structure (ResNet-18's: ~3 ms on a 2-core CPU) and, on a
-    GPU with room for it, a copy of its tensors on the device (:func:`_payload`); a thread copies them to
-    the host, writes them and starts the child. Without that room, and on the CPU (where a copy costs what
-    writing does), it all happens here: ResNet-18 CIFAR's hand-over took 36 ms that way on the H100
-    (session 34), training stopped meanwhile.
+    the fit's, as :func:`_write_payload` takes them.
 
     Raises:
         Unavailable: with the reason (the module does not pickle, no memory for the child, ...).
     """
     try:
-        payload, write, aside = _payload(name, module, held, options, **settings)
+        payload = _write_payload(name, module, held, options, **settings)
     except Unavailable:
         if standby is not None:
             standby.stop()
         raise
-    if standby is not None and standby.process.poll() is not None:  # it died waiting (its log says why)
-        standby.stop()
-        standby = None
-    child = BackgroundCompile(payload, process=standby.process if standby else None,
-                              log=standby.log if standby else None, standby=standby is not None)
-    if aside:
-        child.handing_over = threading.Thread(target=child._hand_over, args=(write, standby), daemon=True,
-                                              name="compile-callback-hand-over")
-        child.handing_over.start()
-        return child
-    child._hand_over(write, standby)
-    if child.failed is not None:
-        child.discard()
-        raise Unavailable(child.failed)
-    return child
+    if standby is not None and standby.go(payload):
+        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
+    if standby is not None:
+        standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
+    try:
+        process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+    except ValueError as error:  # COMPILE_CALLBACK_CHILD_CPUS names CPUs it cannot have
+        os.remove(payload)
+        raise Unavailable(str(error)) from error
+    return BackgroundCompile(process, payload, log, time.monotonic())
 
 
-def _payload(
+def _write_payload(
     name: str,
     module: nn.Module,
     held: tuple[tuple[Any, ...], dict[str, Any]],
@@ -400,126 +343,60 @@ def _payload(
     verify: bool,
     tolerance: float | None,
     needed_bytes: Callable[[], int | None] = lambda: None,
-) -> tuple[str, Callable[[], None], bool]:
-    """The child's payload, where the device has room for a second copy of the step: its file's path (made
-    empty here), a function that writes it (its header, the tensors' bytes, then ``(module, held)`` with
-    each tensor by reference), and whether that function may run beside training. The structure is pickled
-    here, as the module is now. Where the device also has room for a copy of the tensors, they are copied on
-    it here (a device-side copy: the host only queues it) and written later from that copy, which training
-    does not change; else they are the run's own and must be written before training goes on.
-
-    Raises:
-        Unavailable: no room for the child (no file left behind), or the module does not pickle.
-    """
-    parameters = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-    room = 0
+) -> str:
+    """The child's payload file (its header, then the module and the held input), where the device has room
+    for a second copy of the step; its path. Raises :class:`Unavailable` (no file left behind) otherwise."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
+        parameters = sum(t.numel() * t.element_size() for t in module.state_dict().values())
         need = (needed_bytes() or 0) + parameters + MEMORY_MARGIN_BYTES
         if free < need:
             raise Unavailable(f"{free / 2**30:.1f} GB of device memory free, the child needs about {need / 2**30:.1f} GB")
-        room = free - need - parameters  # with a copy of the tensors here until they are written
-    aside = _beside_training(device, room)
     header = {"sys_path": list(sys.path), "settings": _settings(context, device), "options": options,
               "verify": verify, "tolerance": tolerance, "name": name}
     # Modules compiled already (a kept plan tried again with CUDA graphs) are sent as plain modules:
     # the child compiles them as the trial will, and a compiled callable does not pickle.
     compiled = {m: torch_internals.compiled_call(m) for m in module.modules() if torch_internals.compiled_call(m) is not None}
-    structure = io.BytesIO()
-    pickler = _StructurePickler(structure, copy=aside)
+    # Straight into the file (training waits for this): through a buffer first, GPT-2-sized weights took
+    # 0.3-0.8 s on a CPU where this takes 0.15-0.19 s, and held twice their size in host memory.
+    handle, payload = tempfile.mkstemp(prefix="compile-callback-", suffix=".pkl")
     try:
-        for child in compiled:
-            torch_internals.restore_compiled_call(child, None)
-        pickler.dump((module, held))
+        with os.fdopen(handle, "wb") as file:
+            pickle.dump(header, file)
+            for child in compiled:
+                torch_internals.restore_compiled_call(child, None)
+            # Tensors are copied (CUDA IPC would share them), each plain one as its bytes (_PayloadPickler).
+            _PayloadPickler(file).dump((module, held))
     except Exception as error:  # whatever a module holds may refuse: a lambda, a lock, an open file
+        os.remove(payload)
         raise Unavailable(f"the module does not pickle ({torch_internals.describe_error(error)[:200]})") from error
     finally:
         for child, call in compiled.items():
             torch_internals.restore_compiled_call(child, call)
-    tensors = pickler.tensors
-    stream = None
-    if aside and device.type == "cuda":  # its copies to the host run on a stream of their own, after the device copies
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-    handle, payload = tempfile.mkstemp(prefix="compile-callback-", suffix=".pkl")
-    os.close(handle)
-
-    def write() -> None:
-        # Straight into the file: through a buffer first, GPT-2-sized weights took 0.3-0.8 s on a CPU where
-        # this takes 0.15-0.19 s, and held twice their size in host memory.
-        with open(payload, "wb") as file, (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
-            pickle.dump(header, file)
-            pickle.Pickler(file, protocol=5).dump(tensors)
-            file.write(structure.getbuffer())
-        tensors.clear()  # the device copies go now, not with the child's record
-
-    return payload, write, aside
+    return payload
 
 
-def _beside_training(device: torch.device, room: int) -> bool:
-    """Whether a payload's tensors are copied on ``device`` and written beside training: on a GPU, where the
-    copy leaves ``room`` (bytes, free after the child's need and the copy) at zero or more. On a CPU the copy
-    costs what writing does, and the child's room is not known."""
-    return device.type == "cuda" and room >= 0
+class _PayloadPickler(pickle.Pickler):
+    """Pickles each plain tensor that alone covers its whole storage as that storage's bytes, copied to the
+    host once and written straight from there (protocol 5's buffers); the child rebuilds it on the host with
+    its dtype, shape, strides (channels_last stays channels_last: Inductor's cache keys hold them),
+    ``requires_grad`` and attributes, and moves it to the device as it moves the rest. Torch's own pickling
+    of a tensor saves its storage with ``torch.save`` into a buffer first: ResNet-50's weights took the H200's
+    host 0.18-0.37 s that way in seven runs, training stopped meanwhile; 0.12 s as bytes (session 25, one
+    run). Any other tensor (a view, a subclass, a non-leaf, sparse or quantized) goes the way torch pickles
+    it. Either way a tensor pickled twice is one tensor in the child (tied weights stay tied), and two
+    tensors on one storage (a view and its base) get a storage each, as torch's pickling gives them."""
 
-
-def _load(file: Any) -> Any:
-    """What :func:`_payload`'s writer wrote after its header: the object, each tensor in it rebuilt."""
-    tensors = pickle.load(file)
-    unpickler = pickle.Unpickler(file)
-    unpickler.persistent_load = tensors.__getitem__
-    return unpickler.load()
-
-
-class _StructurePickler(pickle.Pickler):
-    """Pickles an object with each plain tensor that alone covers its whole storage by reference (its index in
-    :attr:`tensors`, each tensor once: tied weights stay tied), as a :class:`_Tensor` written after: its
-    bytes, copied to the host once and written straight from there (protocol 5's buffers), with its dtype,
-    shape, strides (channels_last stays channels_last: Inductor's cache keys hold them), ``requires_grad``
-    and attributes. ``copy``: each such tensor is copied on its device first (``clone`` keeps the strides of
-    a dense tensor), a copy its writer may read while training changes the original. Torch's own pickling
-    of a tensor saves its storage with ``torch.save`` into a buffer first: ResNet-50's weights took the
-    H200's host 0.18-0.37 s that way in seven runs, training stopped meanwhile; 0.12 s as bytes (session 25,
-    one run). Any other tensor (a view, a subclass, a non-leaf, sparse or quantized) goes the way torch
-    pickles it, here. Either way two tensors on one storage (a view and its base) get a storage each in the
-    child, as torch's pickling gives them."""
-
-    def __init__(self, file: Any, *, copy: bool) -> None:
+    def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=5)
-        self.copy = copy
-        self.tensors: list[_Tensor] = []
-        self._indices: dict[int, int] = {}
-        self._originals: list[torch.Tensor] = []  # alive until the pickling ends, so that no id is reused
 
-    def persistent_id(self, obj: Any) -> int | None:
+    def reducer_override(self, obj: Any) -> Any:
         if type(obj) not in (torch.Tensor, nn.Parameter) or not _whole_storage(obj):
-            return None
-        index = self._indices.get(id(obj))
-        if index is None:
-            index = self._indices[id(obj)] = len(self.tensors)
-            self._originals.append(obj)
-            plain = obj.detach()
-            self.tensors.append(_Tensor(plain.clone() if self.copy else plain, type(obj) is nn.Parameter,
-                                        obj.requires_grad, dict(vars(obj))))
-        return index
-
-
-@dataclasses.dataclass
-class _Tensor:
-    """A tensor of the payload (:class:`_StructurePickler`): its values (the run's tensor or a copy of it),
-    whether it was a parameter, its ``requires_grad`` and the attributes set on it (they travel with it, as
-    torch pickles them)."""
-
-    values: torch.Tensor
-    parameter: bool
-    requires_grad: bool
-    state: dict[str, Any]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        flat = self.values.as_strided((self.values.numel(),), (1,)).cpu().view(torch.uint8)
-        return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), str(self.values.dtype).removeprefix("torch."),
-                                 tuple(self.values.shape), self.values.stride(), self.parameter, self.requires_grad,
-                                 self.state)
+            return NotImplemented
+        flat = obj.detach().as_strided((obj.numel(),), (1,)).cpu().view(torch.uint8)
+        state = dict(vars(obj))  # attributes set on a tensor or parameter travel with it, as torch pickles them
+        return _rebuild_tensor, (pickle.PickleBuffer(flat.numpy()), str(obj.dtype).removeprefix("torch."),
+                                 tuple(obj.shape), obj.stride(), type(obj) is nn.Parameter, obj.requires_grad, state)
 
 
 def _whole_storage(tensor: torch.Tensor) -> bool:
@@ -533,7 +410,7 @@ def _whole_storage(tensor: torch.Tensor) -> bool:
 
 def _rebuild_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], parameter: bool,
                     requires_grad: bool, state: dict[str, Any]) -> torch.Tensor:
-    """A tensor :class:`_Tensor` wrote, on the host, over the unpickled bytes."""
+    """A tensor :class:`_PayloadPickler` wrote, on the host, over the unpickled bytes."""
     tensor = torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, dtype)).as_strided(shape, stride)
     rebuilt = nn.Parameter(tensor, requires_grad=requires_grad) if parameter else tensor.requires_grad_(requires_grad)
     vars(rebuilt).update(state)
@@ -719,7 +596,7 @@ def _child(path: str, parent: int, spawned: float) -> int:
                 sys.path.insert(0, entry)
         settings = header["settings"]
         _apply(settings)
-        module, (args, kwargs) = _load(file)
+        module, (args, kwargs) = pickle.load(file)
     device = torch.device(settings["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)

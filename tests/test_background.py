@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import sys
 import time
-from copy import deepcopy
 
 import lightning as L
 import pytest
@@ -39,14 +38,9 @@ def _fit(tmp_path, model, backend="eager", callbacks=()):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("beside", [False, True], ids=["written-at-once", "written-beside-training"])
-def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch, beside):
-    standbys, at_fit_start, started = [], [], []
+def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch):
+    standbys, at_fit_start = [], []
     monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
-    # On a CPU the payload is written at the hand-over; on a GPU with room, by a thread beside training.
-    monkeypatch.setattr(background, "_beside_training", lambda device, room: beside)
-    monkeypatch.setattr(background, "start", lambda *args, start=background.start, **kwargs:
-                        started.append(start(*args, **kwargs)) or started[-1])
 
     class BeforeFitStart(L.Callback):  # listed first: its on_fit_start runs before the CompileCallback's
         def on_fit_start(self, trainer, pl_module):
@@ -87,32 +81,6 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     part = next(c for c in planner._all_candidates if c.name == "blocks.*")
     assert part.region.module_names[0] not in planner.profiler.held_inputs
     assert planner._in_background(part.region, part.units) == (True, None)
-    [child] = started
-    assert (child.handing_over is not None) == beside and child.standby and not os.path.exists(child.payload)
-
-
-@pytest.mark.slow
-def test_a_payload_that_cannot_be_written_beside_training_leaves_the_trial_to_compile_in_process(tmp_path, monkeypatch):
-    import tempfile
-
-    standbys = []
-    monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
-    monkeypatch.setattr(background, "_beside_training", lambda device, room: True)
-
-    def disk_full(self):  # as the thread writes the tensors' bytes
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(background._Tensor, "__reduce__", disk_full)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the child's payload goes
-    os.makedirs(tempfile.tempdir)
-    _, decision = _fit(tmp_path, FasterCompiled())
-    assert decision["background"] == ("not prepared in the background: the payload could not be written "
-                                      "(OSError: [Errno 28] No space left on device)")
-    assert decision["background_s"] is None
-    assert decision["kept"] and decision["verified"] is True  # the trial went on as without a background compile
-    # No payload left, and the standby that waited for it ended with its log (as did the one started after it).
-    assert not any(name.startswith("compile-callback-") and name.endswith(".pkl") for name in os.listdir(tempfile.tempdir))
-    assert standbys and all(standby.process.poll() is not None and not os.path.exists(standby.log) for standby in standbys)
 
 
 @pytest.mark.slow
@@ -489,7 +457,7 @@ def test_a_child_that_cannot_exit_does_not_hold_the_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(process, "wait", stuck_wait)
     payload, log = tmp_path / "payload.pkl", tmp_path / "child.log"
     payload.write_bytes(b""), log.write_text("")
-    child = background.BackgroundCompile(str(payload), process=process, log=str(log))
+    child = background.BackgroundCompile(process, str(payload), str(log), time.monotonic())
     started = time.monotonic()
     child.discard()
     assert waited == [0.2] and time.monotonic() - started < 5
@@ -626,19 +594,6 @@ def test_the_childs_settings_leave_fp32_precision_as_the_parent_has_it():
         matmul.fp32_precision = before
 
 
-def _payload(module, held, device="cpu"):
-    """``background._payload``'s path, writer and whether it may write beside training, for ``module``."""
-    return background._payload("model", module, held, CompileOptions(backend="eager"), context=contextlib.nullcontext,
-                               device=torch.device(device), verify=True, tolerance=None)
-
-
-def read_payload(path):
-    """(header, object) of a payload file, as a child reads it."""
-    with open(path, "rb") as file:
-        header = pickle.load(file)
-        return header, background._load(file)
-
-
 def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_views():
     # Each plain tensor that fills its storage goes as its bytes (torch's own pickling saves each storage
     # with torch.save into a buffer first); the child must get what the run has, or its compile keys
@@ -649,12 +604,17 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
     net.conv.weight.requires_grad_(False)
     images = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
     held = ((images,), {"ids": torch.arange(6)})
-    path, write, beside = _payload(net, held)
-    assert not beside  # on a CPU it is written before training goes on
-    write()
-    header, (copy, ((images_copy,), kwargs)) = read_payload(path)
-    os.remove(path)
-    assert header["name"] == "model"
+    file, as_bytes = io.BytesIO(), []
+
+    class Counted(background._PayloadPickler):
+        def reducer_override(self, obj):
+            reduced = super().reducer_override(obj)
+            if reduced is not NotImplemented:
+                as_bytes.append(reduced)
+            return reduced
+
+    Counted(file).dump((net, held))
+    copy, ((images_copy,), kwargs) = pickle.loads(file.getvalue())
     assert_same_state(net, copy)
     assert copy.conv.weight.is_contiguous(memory_format=torch.channels_last) and copy.conv.weight.note == "kept"
     assert copy.head.weight is copy.embed.weight
@@ -665,32 +625,7 @@ def test_the_payload_writes_plain_tensors_as_bytes_and_keeps_layout_ties_and_vie
     assert torch.equal(kwargs["ids"], torch.arange(6))
     # The conv's weight and bias, the tied weight once, the table, the images and the ids went as bytes;
     # the view (a part of its storage) went torch's way.
-    pickler = background._StructurePickler(io.BytesIO(), copy=False)
-    pickler.dump((net, held))
-    assert len(pickler.tensors) == 6
-
-
-def test_a_payload_written_beside_training_holds_the_tensors_as_they_were_at_the_hand_over(monkeypatch):
-    # On a GPU with room the payload's tensors are copied on the device at the hand-over and written by a
-    # thread while training goes on, changing the originals in place (an optimizer step): the child must get
-    # the module as it was handed over, every tensor of it from one moment, as a payload written at once.
-    monkeypatch.setattr(background, "_beside_training", lambda device, room: True)
-    net = TiedNet()
-    images = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-    before, images_before = deepcopy(net), images.clone()
-    path, write, beside = _payload(net, ((images,), {}))
-    assert beside
-    with torch.no_grad():  # training's next steps, before the thread writes
-        for parameter in net.parameters():
-            parameter.add_(1.0)
-        net.table.mul_(2.0)
-        images.zero_()
-    write()
-    _, (copy, ((images_copy,), _)) = read_payload(path)
-    os.remove(path)
-    assert_same_state(before, copy)
-    assert copy.head.weight is copy.embed.weight and copy.conv.weight.note == "kept"
-    assert images_copy.stride() == images.stride() and torch.equal(images_copy, images_before)
+    assert len(as_bytes) == 6 and all(function is background._rebuild_tensor for function, _ in as_bytes)
 
 
 def assert_same_state(original: nn.Module, copy: nn.Module) -> None:

@@ -402,35 +402,23 @@ def test_the_plan_reads_memory_on_a_sample_of_its_steps(tmp_path, monkeypatch):
     assert callback.last_report["summary"]["memory_eager_peak_gb"] > 0
 
 
-def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout_as_they_were_at_the_hand_over():
-    # What a background child gets of a module on the GPU (compile_callback.background._payload): with room on
-    # the device, each plain tensor copied there at the hand-over, then copied to the host by a thread on a
-    # stream of its own and written as its bytes while training changes the originals in place; loaded and
-    # moved to the device as the child moves it: the values at the hand-over, dtypes, strides and ties.
-    import copy
-    import os
-    import threading
+def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout():
+    # What a background child gets of a module on the GPU (compile_callback.background._PayloadPickler):
+    # each plain tensor copied to the host once and written as its bytes; loaded and moved to the device as
+    # the child moves it, the same values, dtypes, strides and ties.
+    import io
+    import pickle
 
     from compile_callback import background
-    from tests.test_background import TiedNet, _payload, assert_same_state, read_payload
+    from tests.test_background import TiedNet, assert_same_state
 
     net = TiedNet().cuda()
     images = torch.randn(2, 3, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
-    before, images_before = copy.deepcopy(net), images.clone()
-    path, write, beside = _payload(net, ((images,), {}), device="cuda")
-    assert beside  # room on the device for the copy
-    writer = threading.Thread(target=write)
-    with torch.no_grad():  # training's next step, queued before the thread copies
-        for parameter in net.parameters():
-            parameter.mul_(-3.0)
-        images.zero_()
-    writer.start()
-    writer.join()
-    _, (copy_, ((images_copy,), _)) = read_payload(path)
-    os.remove(path)
-    assert copy_.conv.weight.device.type == "cpu"  # the child moves it (module.to, profile._copy)
-    copy_.cuda()
-    assert_same_state(before, copy_)  # on the GPU again, with its strides and values as handed over
-    assert copy_.head.weight is copy_.embed.weight
-    assert images_copy.stride() == images.stride() and torch.equal(images_copy.cuda(), images_before)
-    assert background._beside_training(torch.device("cuda"), -1) is False  # no room for the copy: written at once
+    file = io.BytesIO()
+    background._PayloadPickler(file).dump((net, ((images,), {})))
+    copy, ((images_copy,), _) = pickle.loads(file.getvalue())
+    assert copy.conv.weight.device.type == "cpu"  # the child moves it (module.to, profile._copy)
+    copy.cuda()
+    assert_same_state(net, copy)  # on the GPU again, with its strides and values
+    assert copy.head.weight is copy.embed.weight
+    assert images_copy.stride() == images.stride() and torch.equal(images_copy.cuda(), images)
