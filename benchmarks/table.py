@@ -972,8 +972,10 @@ def is_experiment(result: dict[str, Any]) -> bool:
 
 def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict[str, Any]]]:
     """Per workload and target, the verdict of the newest run that measured it (else the newest run's);
-    experiments (:func:`is_experiment`) answer none."""
+    experiments (:func:`is_experiment`) answer none. Where that verdict is inconclusive, it says what the
+    newest conclusive run found, so that a noisy run does not hide a clear one before it."""
     chosen: dict[tuple[str, str], tuple[Verdict, dict[str, Any]]] = {}
+    conclusive: dict[tuple[str, str], tuple[Verdict, dict[str, Any]]] = {}
     order: list[tuple[str, str]] = []
     for verdict, result in _every_verdict(results):
         key = (verdict.workload, verdict.target)
@@ -982,6 +984,14 @@ def best_verdicts(results: Sequence[dict[str, Any]]) -> list[tuple[Verdict, dict
             chosen[key] = (verdict, result)
         elif _unanswered(chosen[key][0]) and not _unanswered(verdict):
             chosen[key] = (verdict, result)
+        if key not in conclusive and not (_unanswered(verdict) or verdict.verdict.startswith("inconclusive")):
+            conclusive[key] = (verdict, result)
+    for key, (verdict, result) in chosen.items():
+        if verdict.verdict.startswith("inconclusive") and key in conclusive:
+            clear, run = conclusive[key]
+            chosen[key] = (dataclasses.replace(verdict, verdict=(
+                f"{verdict.verdict}; the newest conclusive run ({str(run.get('date', ''))[:16]}): "
+                f"{clear.verdict}, {clear.measured}")), result)
     for workload, target in list(order):
         # "`callback_pad`: variable-length targets / not run" says a run lacked the variant; drop it
         # where another run measured that variant's targets.
@@ -1094,7 +1104,8 @@ def render_benchmarks(results: Sequence[dict[str, Any]], notes: str = "") -> str
         "",
         "## Targets (SPEC.md)",
         "",
-        "The newest run that measured a target answers it; the last column counts the stored runs that "
+        "The newest run that measured a target answers it (where it was inconclusive, the newest conclusive "
+        "run's verdict follows); the last column counts the stored runs that "
         f"answered it (inconclusive ones left out) and met it, and of the newest {RECENT} of those. Older runs "
         "measured older code: the record says how often a verdict held, not that it holds now.",
         "",

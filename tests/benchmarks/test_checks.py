@@ -557,8 +557,9 @@ def test_the_reported_figure_is_also_timed_by_the_harness_over_its_own_re_pricin
 
 
 def test_the_targets_table_counts_the_stored_runs_that_met_each_target():
-    """The newest run answers a target; beside it, how many stored runs met it, and how many of the newest
-    five: GPT-2's first 1000 steps flip between met and not met from run to run by a percent or two."""
+    """The newest run answers a target (an inconclusive one with the newest conclusive verdict beside it); beside
+    it, how many stored runs met it, and how many of the newest five: GPT-2's first 1000 steps flip between met
+    and not met from run to run by a percent or two."""
     target = "first 1000 steps wall time below eager's"
 
     def run(callback_wall, date, caches="fresh", drift=1.0):
@@ -575,4 +576,8 @@ def test_the_targets_table_counts_the_stored_runs_that_met_each_target():
     assert table.verdict_record(runs)[("gpt2", target)] == "4 of 7 (newest 5: 3)"
     assert table.verdict_record(runs[:3])[("gpt2", target)] == "2 of 3"
     row = next(line for line in table.render_targets(runs).splitlines() if target in line)
-    assert row.endswith("| inconclusive (host drift -20.0%) | 2026-12-09T09:00 | 4 of 7 (newest 5: 3) |")
+    # The newest run answers, inconclusive, and says what the newest conclusive run before it found.
+    assert row.endswith("| inconclusive (host drift -20.0%); the newest conclusive run (2026-12-07T09:00): met, "
+                        "43.1 s vs eager 44.0 s (0.980×) | 2026-12-09T09:00 | 4 of 7 (newest 5: 3) |")
+    alone = next(line for line in table.render_targets(runs[-1:]).splitlines() if target in line)
+    assert "| inconclusive (host drift -20.0%) | 2026-12-09T09:00 |" in alone  # none before it: nothing to add
