@@ -435,6 +435,15 @@ def bytecode_env(env: dict[str, str], *, installed: bool, write: bool) -> dict[s
     return env
 
 
+def bytecode_unwritten() -> bool:
+    """Whether children read their imports' bytecode from :data:`BYTECODE_DIR` here (:func:`bytecode_env`)
+    and it lacks torch's still: then a child that writes it (:class:`Launcher`) spares later fits' children
+    their compiling of the sources."""
+    env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=False)
+    return (env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
+            and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__)))
+
+
 def _installed_bytecode() -> bool:
     """Whether torch came with its bytecode (its ``__init__``'s ``.pyc`` beside it)."""
     return os.path.exists(importlib.util.cache_from_source(torch.__file__))
@@ -524,20 +533,32 @@ class Standby:
 
 
 class Launcher:
-    """Starts the planner's children: ``launcher(name, module, held, options)`` is :func:`start` with the
-    fit's settings, each child on ``standby`` where one was started (rank 0's). Handing one over starts
-    the next, which does its imports while this child compiles: a search that prepares a part and then
-    the whole model (payback.part_first_in_background) spares the second child a fresh interpreter's
-    start (14-18 s of imports alone on the H200, session 20); one never used is stopped by :meth:`close`."""
+    """Starts the planner's children: ``launcher(name, module, held, options, another=...)`` is :func:`start`
+    with the fit's settings, each child on ``standby`` where one was started (rank 0's). Handing one over
+    starts the next interpreter, which does its imports while this child compiles, only where it will be
+    used or writes what later fits read:
+
+    - ``another``: the search will hand over another child after this one whatever this one's outcome (a
+      part prepared before the whole model, payback.part_first_in_background), which a standby spares a
+      fresh interpreter's start (14-18 s of imports alone on the H200, session 20);
+    - the children's bytecode folder still lacks torch's (:func:`bytecode_unwritten`): that standby writes
+      it, off the critical path, and later fits' children read it.
+
+    Otherwise a next child, if the search comes to one (this one failed or was not kept), starts fresh. The
+    usual search hands over one child (ResNet-18 CIFAR, ResNet-50: the whole model, kept): a second
+    interpreter importing beside the first, and beside training, through the run's first seconds served
+    nothing. One never used is stopped by :meth:`close`."""
 
     def __init__(self, *, standby: Standby | None, **settings: Any) -> None:
         self.settings = settings
         self.standby = standby
 
-    def __call__(self, name: str, module: nn.Module, held: Any, options: CompileOptions) -> BackgroundCompile:
+    def __call__(self, name: str, module: nn.Module, held: Any, options: CompileOptions, *,
+                 another: bool = False) -> BackgroundCompile:
         waiting, self.standby = self.standby, None
         child = start(name, module, held, options, standby=waiting, **self.settings)
-        if waiting is not None and child.standby:  # not after a standby that died waiting (its log says why)
+        # Not after a standby that died waiting (its log says why).
+        if waiting is not None and child.standby and (another or bytecode_unwritten()):
             self.standby = Standby(waiting.preload, write_bytecode=True)  # its imports wait on no one
         return child
 

@@ -415,7 +415,7 @@ class AutoPlanner(_CompilesRegions):
         activation_bytes: Callable[[], int | None] = lambda: None,
         room_bytes: Callable[[], int | None] = lambda: None,
         peak_bytes: Callable[[], int | None] = lambda: None,
-        background: Callable[[str, nn.Module, Any, CompileOptions], BackgroundCompile] | None = None,
+        background: Callable[..., BackgroundCompile] | None = None,
         background_always: bool = False,
         processes: int = 1,
         rank_zero: bool = True,
@@ -441,7 +441,7 @@ class AutoPlanner(_CompilesRegions):
         self.activation_bytes = activation_bytes  # the eager step's activations (memory.graph_pool_misfit)
         self.room_bytes = room_bytes  # what a new reservation can take now (memory.room_bytes)
         self.peak_bytes = peak_bytes  # the fit's peak so far (memory.peak_bytes), stamped on each decision
-        # (name, module, held input, options) -> a child compiling it (compile_callback.background), or None: off.
+        # (name, module, held input, options, another=...) -> a child compiling it (background.Launcher), or None: off.
         self.background = background
         self.background_always = background_always  # asked for (True), not chosen where it pays (None)
         self.processes = processes  # the ranks (1: one process)
@@ -569,7 +569,10 @@ class AutoPlanner(_CompilesRegions):
                 whole_skipped = whole_skipped or candidate.whole
                 continue
             trials += 1
-            kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}")
+            # A part prepared before the whole model (payback.part_first_in_background): the whole model's
+            # child follows whatever the part's outcome, on an interpreter started as the part's is handed over.
+            whole_follows = not candidate.whole and any(c.whole for c in plan[index + 1:])
+            kept_ms = yield from self._trial(candidate, current_ms, label=f"trial:{index}", another=whole_follows)
             if kept_ms is not None:
                 current_ms = kept_ms
         tried_graphs = any(d.mode == "reduce-overhead" for d in self.decisions)  # the whole model's, tried first
@@ -625,7 +628,8 @@ class AutoPlanner(_CompilesRegions):
             self.notes.append(f"reduce-overhead (CUDA graphs) not tried: {why}")
 
     # Long on purpose: one trial as a generator (compile, verify, control, candidate, verdict), in order.
-    def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str) -> Iterator[str | None]:
+    def _trial(self, candidate: Candidate, current_ms: float | None, *, label: str,
+               another: bool = False) -> Iterator[str | None]:
         options = self._options_for(candidate)
         control = label + CONTROL
         # The whole model after a kept part (payback.part_first_in_background) replaces it: the part runs
@@ -638,7 +642,8 @@ class AutoPlanner(_CompilesRegions):
             self._decide(candidate, options, kept=False,
                          reason="not tried: its input could not be held for verification (its forward did not run)")
             return None
-        background, checked, child_s = yield from self._prepare(candidate.region, options, candidate.units)
+        background, checked, child_s = yield from self._prepare(candidate.region, options, candidate.units,
+                                                                 another=another)
         if not interleaved:
             # CUDA graphs keep their memory pool between steps: eager steps run beside it would need both
             # memories at once, so the plan before it is timed right before it instead of between its steps.
@@ -739,7 +744,7 @@ class AutoPlanner(_CompilesRegions):
             remove()
         return False
 
-    def _prepare(self, region: Region, options: CompileOptions, units: int
+    def _prepare(self, region: Region, options: CompileOptions, units: int, *, another: bool = False
                  ) -> Generator[str | None, None, tuple[dict[str, Any], VerificationResult | None, dict[str, float]]]:
         """Compiles ``region``'s first module in a child process (:mod:`compile_callback.background`)
         while training goes on with the plan before it, one batch a ``yield``; returns the decision's
@@ -751,7 +756,8 @@ class AutoPlanner(_CompilesRegions):
         to be worth a child's start-up, in a run long enough for the child to finish. With several
         processes rank 0 starts a child and so does every rank on another device; all wait until every
         child is done and follow rank 0's outcome; no child's verification stands there (each rank
-        verifies its own compile on its own batch)."""
+        verifies its own compile on its own batch). ``another``: a further child follows this one whatever
+        its outcome (:class:`~compile_callback.background.Launcher` readies an interpreter for it)."""
         use, note = self.agree(self._in_background(region, units))
         if not use:
             return {"background": note}, None, {}
@@ -763,7 +769,7 @@ class AutoPlanner(_CompilesRegions):
         if leads:
             held = self.profiler.held_input(region.module_names[0]) if self.profiler is not None else None
             try:
-                child = self.background(region.module_names[0], region.modules[0], held, options)
+                child = self.background(region.module_names[0], region.modules[0], held, options, another=another)
                 self.children_started += 1
             except Unavailable as error:
                 why = f"not prepared in the background: {error}"

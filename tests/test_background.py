@@ -17,7 +17,7 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from compile_callback import CompileCallback, background
+from compile_callback import CompileCallback, background, boot
 from compile_callback.background import policy
 from compile_callback.regions import CompileOptions
 from compile_callback.report import render_markdown
@@ -41,6 +41,7 @@ def _fit(tmp_path, model, backend="eager", callbacks=()):
 def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path, monkeypatch):
     standbys, at_fit_start = [], []
     monkeypatch.setattr(background, "Standby", _recorded(background.Standby, standbys))
+    monkeypatch.setattr(background, "bytecode_unwritten", lambda: False)  # no bytecode for a standby to write
 
     class BeforeFitStart(L.Callback):  # listed first: its on_fit_start runs before the CompileCallback's
         def on_fit_start(self, trainer, pl_module):
@@ -58,10 +59,10 @@ def test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly(tmp_path
     # on the interpreter started with the fit (its start and imports out of the child's way).
     niceness = min(19, os.nice(0) + background.CHILD_NICENESS)
     assert decision["background"].endswith(f" in all, at niceness {niceness}; its interpreter started with the fit)"), decision
-    standby, following = standbys  # handing the first over started the next child's, never used: stopped
+    # One candidate and no other child to follow it whatever its outcome: no interpreter readied for a next one
+    # (it would import beside this one and beside training, for nothing).
+    [standby] = standbys
     assert standby.process.poll() == 0 and not os.path.exists(standby.log)  # it exited of itself, its log read and gone
-    assert following.preload == standby.preload and following.process.poll() is not None
-    assert not os.path.exists(following.log)
     # Where the child's time went, though it verified nothing that stands here: each stage, and together no
     # more than the child's whole life (its start-up counted from the spawn).
     child = {k.removeprefix("in the child: "): v for k, v in decision["setup_s"].items() if k.startswith("in the child: ")}
@@ -287,7 +288,7 @@ def test_a_standby_imports_what_it_is_given_and_a_module_it_cannot_import_is_onl
     assert not os.path.exists(standby.log)
 
 
-def test_children_cache_bytecode_of_their_own_only_where_none_is_written(monkeypatch):
+def test_children_cache_bytecode_of_their_own_only_where_none_is_written(tmp_path, monkeypatch):
     env = {"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/home/u"}
     # The H200's host: no bytecode written, none set aside, none installed with torch. Every child reads
     # from the folder; only one off the critical path writes to it.
@@ -300,7 +301,9 @@ def test_children_cache_bytecode_of_their_own_only_where_none_is_written(monkeyp
     assert background.bytecode_env(env, installed=True, write=True) == env  # a prefix would hide torch's bytecode
     users = {**env, "PYTHONPYCACHEPREFIX": "/cache/pyc"}
     assert background.bytecode_env(users, installed=False, write=True) == users  # the user's folder, inherited
-    # A fit's first standby reads; the next, started while a child compiles, writes.
+    # A fit's first standby reads; the next, started while a child compiles, writes (here none is written yet).
+    monkeypatch.setattr(background, "BYTECODE_DIR", str(tmp_path / "pyc"))
+    monkeypatch.setattr(boot, "WORKERS", 1)  # no compiling ahead: nothing runs here
     seen = []
 
     class Recorded:
@@ -324,6 +327,54 @@ def test_children_cache_bytecode_of_their_own_only_where_none_is_written(monkeyp
     assert launcher.standby.preload == ("json",)
     for standby in (first, launcher.standby):
         os.remove(standby.log)
+
+
+def test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_writes_bytecode(tmp_path, monkeypatch):
+    """Handing a child over started the next child's interpreter every time: beside the first child's imports
+    and beside training, for a second child the usual search never hands over (ResNet-18 CIFAR, ResNet-50: the
+    whole model, kept). It starts where another child follows whatever this one's outcome (a part prepared
+    before the whole model), or where it writes the bytecode later fits' children read; else a later child,
+    if any, starts fresh."""
+    readied = []
+
+    class Quiet:  # what the launcher starts for the next child, nothing run
+        def __init__(self, preload=(), *, write_bytecode=False):
+            self.preload = tuple(preload)
+            readied.append(write_bytecode)
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(background, "Standby", Quiet)
+    monkeypatch.setattr(background, "start", lambda *args, standby=None, **kwargs:
+                        type("Child", (), {"standby": standby is not None})())
+    for another, unwritten, expected in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(background, "bytecode_unwritten", lambda unwritten=unwritten: unwritten)
+        launcher = background.Launcher(standby=Quiet(("json",)))
+        readied.clear()
+        launcher("model", None, None, None, another=another)
+        assert readied == ([True] if expected else []), (another, unwritten)
+        assert (launcher.standby is not None) == expected and (not expected or launcher.standby.preload == ("json",))
+    launcher = background.Launcher(standby=None)  # no standby to begin with (ranks but rank 0): none readied
+    readied.clear()
+    launcher("model", None, None, None, another=True)
+    assert readied == [] and launcher.standby is None
+    # Unwritten: children read from a folder of their own (no bytecode written here, none installed) that
+    # lacks torch's; written once torch's is there, and never where the host writes bytecode itself.
+    monkeypatch.undo()
+    folder = tmp_path / "pyc"
+    monkeypatch.setattr(background, "BYTECODE_DIR", str(folder))
+    monkeypatch.setattr(background, "_installed_bytecode", lambda: False)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    assert background.bytecode_unwritten()
+    cached = boot.cached_in(str(folder), torch.__file__)
+    os.makedirs(os.path.dirname(cached))
+    open(cached, "wb").close()
+    assert not background.bytecode_unwritten()
+    os.remove(cached)
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+    assert not background.bytecode_unwritten()
 
 
 def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_into_it_first(tmp_path, monkeypatch):

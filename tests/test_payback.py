@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from compile_callback import CompileCallback, payback, profile
+from compile_callback import CompileCallback, background, payback, profile
 from compile_callback.run import PROFILE_STEPS
 from compile_callback.payback import CompileCosts, Priced, compile_units, graph_trial_price, payback_order, saving_seconds
 from compile_callback.regions import backend_name
@@ -387,11 +387,24 @@ def _part_first_fit(tmp_path, monkeypatch, model):
 
 @pytest.mark.slow
 def test_the_whole_model_prepared_after_a_kept_part_replaces_it(tmp_path, monkeypatch):
+    readied = []
+
+    class Standby(background.Standby):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            readied.append(self)
+
+    monkeypatch.setattr(background, "Standby", Standby)
+    monkeypatch.setattr(background, "bytecode_unwritten", lambda: False)  # no bytecode for a standby to write
     model = SleepyRoot()
     callback, decisions = _part_first_fit(tmp_path, monkeypatch, model)
     blocks, whole = decisions[0], decisions[1]
     assert [blocks["region"], whole["region"]] == ["blocks.*", "model"], decisions
     assert blocks["background"].startswith("prepared in the background") and whole["background"].startswith("prepared")
+    # The whole model's child follows the blocks' whatever they do: its interpreter was readied as the blocks
+    # were handed over, and it took the whole model (the fit's own standby, then that one).
+    assert len(readied) == 2 and all(s.process.poll() is not None for s in readied)
+    assert whole["background"].endswith("; its interpreter started with the fit)"), whole["background"]
     # The blocks were kept, then the whole model, timed right before it against the blocks compiled, replaced them.
     assert not blocks["kept"] and blocks["replaced_by"] == "model" and "then replaced by `model`" in blocks["reason"]
     assert whole["kept"] and "timed right before it" in whole["reason"] and whole["speedup"] > 1.5
