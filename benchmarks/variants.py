@@ -38,6 +38,8 @@ class Variant:
         optimizer_mode: the plain loop's optimizer step compiled too (``torch.compile(optimizer.step)``,
             on the ``foreach`` twin of a fused optimizer: ``runner.foreach_twin``), ``"default"`` or a
             ``torch.compile`` mode; None: eager.
+        next_standby: an experiment: the callback readies a next child's interpreter at every hand-over, as it
+            did before session 39 (``background.bytecode_unwritten`` read as true while the variant runs).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Variant:
     callback: dict[str, Any] | None = None
     progress_bar_loss: bool = False
     optimizer_mode: str | None = None
+    next_standby: bool = False
 
 
 VARIANTS = {
@@ -109,6 +112,10 @@ VARIANTS = {
         Variant("callback", "Lightning, CompileCallback() defaults", callback={}),
         # The background compile wherever one process runs, whatever its pricing says (issue 22's first 1000 steps).
         Variant("callback_bg", "Lightning, CompileCallback(background_compile=True)", callback={"background_compile": True}),
+        # Issue 22's first 1000 steps: the callback as it was before session 39, a second interpreter readied
+        # (importing beside the first child's, beside training) at every hand-over, used or not.
+        Variant("callback_next_standby", "Lightning, CompileCallback() defaults, a next child's interpreter readied "
+                "at every hand-over (before session 39)", callback={}, next_standby=True),
         # What the anatomy's sampling costs: the same run without it.
         Variant("callback_no_anatomy", "Lightning, CompileCallback(anatomy=False)", callback={"anatomy": False}),
         # The same three with the training loss in the progress bar: a host sync after every batch.
