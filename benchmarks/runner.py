@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
@@ -240,15 +241,8 @@ def wait_for_compile_processes(limit_s: float = COMPILE_PROCESSES_WAIT_S) -> tup
 def readied_standbys(variant: Variant):
     """While the block runs, a ``next_standby`` variant's callback readies a next child's interpreter at every
     hand-over (:class:`compile_callback.background.Launcher`, as before session 39); others change nothing."""
-    if not variant.next_standby:
+    with mock.patch.object(background, "bytecode_unwritten", lambda: True) if variant.next_standby else contextlib.nullcontext():
         yield
-        return
-    unwritten = background.bytecode_unwritten
-    background.bytecode_unwritten = lambda: True
-    try:
-        yield
-    finally:
-        background.bytecode_unwritten = unwritten
 
 
 @contextlib.contextmanager

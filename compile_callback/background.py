@@ -439,7 +439,11 @@ def bytecode_unwritten() -> bool:
     """Whether children read their imports' bytecode from :data:`BYTECODE_DIR` here (:func:`bytecode_env`)
     and it lacks torch's still: then a child that writes it (:class:`Launcher`) spares later fits' children
     their compiling of the sources."""
-    env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=False)
+    return _lacks_torch_bytecode(bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=False))
+
+
+def _lacks_torch_bytecode(env: dict[str, str]) -> bool:
+    """Whether a child started with ``env`` reads bytecode from :data:`BYTECODE_DIR` and it lacks torch's."""
     return (env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
             and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__)))
 
@@ -464,8 +468,7 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
     env[boot.LOWER_BY_VARIABLE] = str(child_niceness())  # lowered before its imports, a standby's too
     command = [sys.executable, boot.__file__, *arguments]
     made = [log]  # files this spawn made, removed where it fails
-    if (boot.WORKERS > 1 and env.get("PYTHONPYCACHEPREFIX") == BYTECODE_DIR
-            and not os.path.exists(boot.cached_in(BYTECODE_DIR, torch.__file__))):
+    if boot.WORKERS > 1 and _lacks_torch_bytecode(env):
         sources = boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__))
         env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources)
         made.append(boot.listing_of(env[boot.PRECOMPILE_VARIABLE]))
