@@ -232,7 +232,8 @@ class BackgroundCompile:
     seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
-    standby: bool = False  # whether it ran on the interpreter started with the fit (:class:`Standby`)
+    standby: bool = False  # whether it ran on an interpreter started ahead of it (:class:`Standby`)
+    standby_started: str = ""  # when that interpreter was started (:attr:`Standby.started`), for the report
     sent_at: float = dataclasses.field(default_factory=time.time)  # the wall clock when it was given its payload
 
     def progress(self) -> list[dict[str, Any]]:
@@ -289,7 +290,7 @@ class BackgroundCompile:
             last = lines[-1][:300] if lines else "no output"
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
         how = f", at niceness {result['niceness']}" if result.get("niceness") else ""
-        how += "; its interpreter started with the fit" if self.standby else ""
+        how += f"; its interpreter started {self.standby_started}" if self.standby else ""
         self.seconds = result["seconds"]
         self.stages = result["stages"]
         if result.get("checked"):
@@ -321,7 +322,8 @@ def start(
             standby.stop()
         raise
     if standby is not None and standby.go(payload):
-        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True)
+        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True,
+                                 standby_started=standby.started)
     if standby is not None:
         standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
     try:
@@ -510,10 +512,13 @@ class Standby:
     stopped by :meth:`stop` where the search ends without a child (a fit that dies closes its pipe, and a
     waiting standby then exits)."""
 
-    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False) -> None:
+    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False,
+                 started: str = "with the fit") -> None:
         """``preload``: modules the payload will need (the LightningModule's own), imported while it waits;
-        ``write_bytecode``: where none is written, it writes its imports' own (:func:`bytecode_env`)."""
+        ``write_bytecode``: where none is written, it writes its imports' own (:func:`bytecode_env`);
+        ``started``: when it was started, as the report's decision says it."""
         self.preload = tuple(preload)
+        self.started = started
         self.process, self.log = _spawn([STANDBY, str(os.getpid()), *preload], stdin=subprocess.PIPE,
                                         write_bytecode=write_bytecode)
 
@@ -562,7 +567,8 @@ class Launcher:
         child = start(name, module, held, options, standby=waiting, **self.settings)
         # Not after a standby that died waiting (its log says why).
         if waiting is not None and child.standby and (another or bytecode_unwritten()):
-            self.standby = Standby(waiting.preload, write_bytecode=True)  # its imports wait on no one
+            self.standby = Standby(waiting.preload, write_bytecode=True,  # its imports wait on no one
+                                   started="as the child before it was handed over")
         return child
 
     def close(self) -> None:

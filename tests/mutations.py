@@ -839,7 +839,8 @@ MUTATIONS = [
     Mutation(
         name="the launcher starts no standby for the next child",
         path="compile_callback/background.py",
-        old="            self.standby = Standby(waiting.preload, write_bytecode=True)  # its imports wait on no one\n",
+        old=("            self.standby = Standby(waiting.preload, write_bytecode=True,  # its imports wait on no one\n"
+             "                                   started=\"as the child before it was handed over\")\n"),
         new="            pass\n",
         tests=("tests/test_background.py::test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_writes_bytecode",
                "tests/test_payback.py::test_the_whole_model_prepared_after_a_kept_part_replaces_it"),
@@ -904,8 +905,8 @@ MUTATIONS = [
     Mutation(
         name="the fit's first standby writes bytecode on the critical path",
         path="compile_callback/background.py",
-        old="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False) -> None:\n",
-        new="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = True) -> None:\n",
+        old="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = False,\n",
+        new="    def __init__(self, preload: tuple[str, ...] = (), *, write_bytecode: bool = True,\n",
         tests=("tests/test_background.py::test_children_cache_bytecode_of_their_own_only_where_none_is_written",),
     ),
     Mutation(

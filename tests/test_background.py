@@ -338,7 +338,7 @@ def test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_wr
     readied = []
 
     class Quiet:  # what the launcher starts for the next child, nothing run
-        def __init__(self, preload=(), *, write_bytecode=False):
+        def __init__(self, preload=(), *, write_bytecode=False, started="with the fit"):
             self.preload = tuple(preload)
             readied.append(write_bytecode)
 

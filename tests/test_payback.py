@@ -404,7 +404,7 @@ def test_the_whole_model_prepared_after_a_kept_part_replaces_it(tmp_path, monkey
     # The whole model's child follows the blocks' whatever they do: its interpreter was readied as the blocks
     # were handed over, and it took the whole model (the fit's own standby, then that one).
     assert len(readied) == 2 and all(s.process.poll() is not None for s in readied)
-    assert whole["background"].endswith("; its interpreter started with the fit)"), whole["background"]
+    assert whole["background"].endswith("; its interpreter started as the child before it was handed over)"), whole["background"]
     # The blocks were kept, then the whole model, timed right before it against the blocks compiled, replaced them.
     assert not blocks["kept"] and blocks["replaced_by"] == "model" and "then replaced by `model`" in blocks["reason"]
     assert whole["kept"] and "timed right before it" in whole["reason"] and whole["speedup"] > 1.5
