@@ -232,8 +232,7 @@ class BackgroundCompile:
     seconds: float | None = None  # the child's own seconds compiling and checking, once it said so (outcome)
     checked: VerificationResult | None = None  # the child's verification of its compile, once it said so (outcome)
     stages: dict[str, float] = dataclasses.field(default_factory=dict)  # the child's seconds by stage (outcome)
-    standby: bool = False  # whether it ran on an interpreter started ahead of it (:class:`Standby`)
-    standby_started: str = ""  # when that interpreter was started (:attr:`Standby.started`), for the report
+    standby: str = ""  # when the interpreter it ran on was started ahead of it (:attr:`Standby.started`); "": fresh
     sent_at: float = dataclasses.field(default_factory=time.time)  # the wall clock when it was given its payload
 
     def progress(self) -> list[dict[str, Any]]:
@@ -290,7 +289,7 @@ class BackgroundCompile:
             last = lines[-1][:300] if lines else "no output"
             return False, f"the child failed (exit code {self.process.returncode}): {last}"
         how = f", at niceness {result['niceness']}" if result.get("niceness") else ""
-        how += f"; its interpreter started {self.standby_started}" if self.standby else ""
+        how += f"; its interpreter started {self.standby}" if self.standby else ""
         self.seconds = result["seconds"]
         self.stages = result["stages"]
         if result.get("checked"):
@@ -322,8 +321,7 @@ def start(
             standby.stop()
         raise
     if standby is not None and standby.go(payload):
-        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=True,
-                                 standby_started=standby.started)
+        return BackgroundCompile(standby.process, payload, standby.log, time.monotonic(), standby=standby.started)
     if standby is not None:
         standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
     try:
