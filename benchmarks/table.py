@@ -337,37 +337,45 @@ def render_result(result: dict[str, Any]) -> str:
 
 
 def render_pairs(result: dict[str, Any]) -> str:
-    """A ``--pairs`` run's pairs: each callback run's wall time over the run's steps against the eager runs either side."""
+    """A ``--pairs`` run's pairs: each paired run's wall time over the run's steps against the eager runs either
+    side (the paired variant is the one that alternates with eager: ``callback``, or an experiment's)."""
     settings = result.get("settings") or {}
     if not settings.get("pairs"):
         return ""
+    name = paired_variant(result)
     steps = settings.get("total_steps")
-    lines = [f"Pairs (`--pairs`: eager and `callback` in turn, each `callback` run's first {steps} steps against the "
+    lines = [f"Pairs (`--pairs`: eager and `{name}` in turn, each `{name}` run's first {steps} steps against the "
              "eager runs either side of it):"]
     left = [f"{r['variant']} run {index + 1}" for index, r in enumerate(result.get("records", []))
             if r.get("compile_processes_left")]
     if left:  # a compile of the run before still going: that run's pair is flattered
         lines[0] += f" **compile processes of an earlier run still running at the start of {', '.join(left)}**"
-    for number, pair in enumerate(paired_walls(result, steps), 1):
+    for number, pair in enumerate(paired_walls(result, steps, name), 1):
         lines.append(f"- pair {number}: {pair['wall_s']:.2f} s against eager {pair['eager_before_s']:.2f} s before and "
                      f"{pair['eager_after_s']:.2f} s after: {pair['ratio']:.3f}× (eager moved {pair['eager_move']:+.1%}; "
                      f"the eager run after it waited {pair['waited_after_s']:.1f} s for its compile processes to end"
                      f"{_thread_line(pair['thread']) if 'thread' in pair else ''})")
-    windows = paired_windows(result)
+    windows = paired_windows(result, name)
     if windows:
-        lines.append(f"- `callback` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
+        lines.append(f"- `{name}` against the eager runs either side, {PAIR_WINDOW} steps at a time from the start "
                      f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in windows)}")
-    threads = paired_thread_windows(result)
+    threads = paired_thread_windows(result, name)
     if threads:
-        lines.append(f"- `callback`'s training thread CPU against the eager runs' either side, {PAIR_WINDOW} steps at a time "
-                     f"(median over the pairs): {', '.join(f'{w:.3f}×' for w in threads)}")
-    stages = paired_child_stages(result)
+        lines.append(f"- `{name}`'s training thread CPU against the eager runs' either side, {PAIR_WINDOW} steps at a "
+                     f"time (median over the pairs): {', '.join(f'{w:.3f}×' for w in threads)}")
+    stages = paired_child_stages(result, name)
     if stages:
-        lines.append("- `callback` against the eager runs either side, by what its background child was doing (median "
+        lines.append(f"- `{name}` against the eager runs either side, by what its background child was doing (median "
                      "over the pairs; steps of the first pair): " + ", ".join(
                          f"{s['stage']} {s['ratio']:.3f}× (steps {s['steps'][0]}-{s['steps'][1]}, {s['pairs']} pairs)"
                          for s in stages))
     return "\n".join(lines)
+
+
+def paired_variant(result: dict[str, Any]) -> str:
+    """The variant a ``--pairs`` run alternates with eager: the first record's that is not eager's (``callback``
+    where the run has none)."""
+    return next((r["variant"] for r in result.get("records", []) if r.get("variant") != "eager"), "callback")
 
 
 def render_longer_runs(result: dict[str, Any]) -> str:

@@ -340,6 +340,13 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_smoke.py::test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported",),
     ),
     Mutation(
+        name="a --pairs run's table lists only callback's pairs (an experiment's paired variant silently has none)",
+        path="benchmarks/table.py",
+        old="    name = paired_variant(result)\n",
+        new="    name = \"callback\"\n",
+        tests=("tests/benchmarks/test_smoke.py::test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported",),
+    ),
+    Mutation(
         name="the state key forgets the regions",
         path="compile_callback/callback.py",
         old="        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",

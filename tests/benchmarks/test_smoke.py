@@ -279,6 +279,12 @@ def test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported(tmp_pa
     threads = [r["main_thread_at_step"]["6"] for r in records]
     assert all(0 < t["cpu_s"] <= wall + 0.01 and t["involuntary_switches"] >= 0 for t, wall in zip(threads, walls))
     assert f"training thread CPU {threads[3]['cpu_s']:.2f} s against {threads[2]['cpu_s']:.2f} / {threads[4]['cpu_s']:.2f}" in text
+    # An experiment's variant paired with eager is reported under its own name, as callback is.
+    renamed = {**result, "records": [{**r, "variant": "callback_next_standby"} if r["variant"] == "callback" else r
+                                     for r in records]}
+    text = table.render_result(renamed)
+    assert "eager and `callback_next_standby` in turn" in text
+    assert f"- pair 2: {walls[3]:.2f} s against eager {walls[2]:.2f} s before and {walls[4]:.2f} s after" in text
 
 
 def test_a_variant_waits_for_the_compile_processes_an_earlier_one_left():
