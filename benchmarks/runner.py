@@ -237,12 +237,12 @@ def wait_for_compile_processes(limit_s: float = COMPILE_PROCESSES_WAIT_S) -> tup
     return left, round(time.monotonic() - started, 3)
 
 
-@contextlib.contextmanager
-def readied_standbys(variant: Variant):
+def readied_standbys(variant: Variant) -> contextlib.AbstractContextManager:
     """While the block runs, a ``next_standby`` variant's callback readies a next child's interpreter at every
     hand-over (:class:`compile_callback.background.Launcher`, as before session 39); others change nothing."""
-    with mock.patch.object(background, "bytecode_unwritten", lambda: True) if variant.next_standby else contextlib.nullcontext():
-        yield
+    if variant.next_standby:
+        return mock.patch.object(background, "bytecode_unwritten", lambda: True)
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
