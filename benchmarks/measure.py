@@ -11,9 +11,12 @@ end: no host sync per step) and ``time.perf_counter`` on CPU, where the work is 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import resource
+import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +108,112 @@ class InFitAB:
             "skipped_per_block": self.skip,
             "order": "ABBA (eager, compiled, compiled, eager)",
             "block_medians_ms": [statistics.median(samples) if samples else None for samples in blocks],
+        }
+
+
+def abba_ratios(walls: Sequence[float]) -> list[float]:
+    """Each whole ABBA cycle's A blocks against its B blocks: ``(w0 + w3) / (w1 + w2)`` of blocks 0-3, 4-7, ..."""
+    return [(walls[i] + walls[i + 3]) / (walls[i + 1] + walls[i + 2]) for i in range(0, len(walls) - 3, 4)
+            if walls[i + 1] + walls[i + 2] > 0]
+
+
+def block_walls(step_ends_s: Sequence[float], first: int, blocks: int, block_steps: int) -> list[float]:
+    """The host's wall seconds of each block of ``block_steps`` steps after step ``first`` (1-based steps;
+    ``step_ends_s[k]`` is step k+1's end), as far as the steps go."""
+    walls = []
+    for block in range(blocks):
+        start, end = first + block * block_steps, first + (block + 1) * block_steps
+        if start < 1 or end > len(step_ends_s):
+            break
+        walls.append(step_ends_s[end - 1] - step_ends_s[start - 1])
+    return walls
+
+
+@dataclasses.dataclass
+class ChildPauseAB:
+    """An experiment inside one fit (issue 22): what a CompileCallback's background child costs the training
+    steps beside it, by stopping it.
+
+    From step ``first`` on, the processes ``find()`` names (the callback's child or standby and their compile
+    workers) are stopped (``SIGSTOP``) and continued (``SIGCONT``) in blocks of ``block_steps`` steps ordered
+    ABBA (running, stopped, stopped, running, ...), so a host's drift lands on both sides alike; after the last
+    block they run on. Each block's wall time (the host's clock at the steps' ends,
+    :attr:`StepMeter.step_ends_s`) of the running blocks against the stopped ones is the child's cost to the
+    training steps while it works, free of the 10-30% by which separate runs of these hosts move. Stopping the
+    child delays its work, so the run's own figures (its first-1000 wall time) answer nothing.
+
+    Attributes:
+        find: ``() -> pids`` of the processes to stop, found anew at each stop (a child's compile workers come
+            and go).
+        blocks: how many blocks (a multiple of 4: whole ABBA cycles; 0: none).
+        first: the steps ended before the first block.
+        block_steps: steps a block.
+    """
+
+    find: Callable[[], list[int]]
+    blocks: int
+    first: int = 50
+    block_steps: int = 25
+    switches: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {"step", "running", "processes"}
+    _stopped: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.blocks < 0 or self.blocks % 4:
+            raise ValueError(f"a child-pause A/B needs whole ABBA cycles: blocks a multiple of 4; got {self.blocks}.")
+        if self.first < 1 or self.block_steps < 1:
+            raise ValueError(f"first and block_steps must be at least 1; got {self.first} and {self.block_steps}.")
+
+    def after_step(self, steps: int) -> None:
+        """Called after each step with the steps ended so far: stops the processes at each pair of stopped
+        blocks' start (blocks 1, 5, ...) and continues them at its end, and after the last block."""
+        offset = steps - self.first
+        if not self.blocks or offset < 0 or offset % self.block_steps or offset // self.block_steps > self.blocks:
+            return
+        block = offset // self.block_steps
+        started = time.perf_counter()
+        if block == self.blocks or block % 4 == 3:
+            count = len(self._stopped)
+            self.resume()
+            running = True
+        elif block % 4 == 1:
+            for pid in self.find():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    self._stopped.append(pid)
+            count, running = len(self._stopped), False
+        else:
+            return
+        # The switch's own time (the stop's look through /proc: milliseconds) is taken out of its block's wall.
+        self.switches.append({"step": steps, "running": running, "processes": count,
+                              "seconds": round(time.perf_counter() - started, 6)})
+
+    def resume(self) -> None:
+        """Continues whatever is stopped (after a pair of stopped blocks, the fit's end, an error)."""
+        for pid in self._stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._stopped = []
+
+    def summarize(self, step_ends_s: Sequence[float]) -> dict[str, Any]:
+        """The A/B from the steps' ends: each block's wall (less the switch at its start), each whole cycle's running / stopped ratio (only
+        cycles whose stop found a process to stop count: before the child starts or after it ends nothing
+        is stopped) and their median."""
+        walls = block_walls(step_ends_s, self.first, self.blocks, self.block_steps)
+        for switch in self.switches:
+            block = (switch["step"] - self.first) // self.block_steps
+            if block < len(walls):
+                walls[block] -= switch.get("seconds", 0.0)
+        stopped_any = {s["step"]: s["processes"] > 0 for s in self.switches if not s["running"]}
+        counted = [ratio for cycle, ratio in enumerate(abba_ratios(walls))
+                   if stopped_any.get(self.first + (4 * cycle + 1) * self.block_steps)]
+        return {
+            "first": self.first, "blocks": self.blocks, "block_steps": self.block_steps,
+            "order": "ABBA (running, stopped, stopped, running)",
+            "block_walls_s": [round(w, 5) for w in walls],
+            "cycle_ratios": [round(r, 5) for r in counted],
+            "ratio": statistics.median(counted) if counted else None,
+            "cycles_without_a_process": len(abba_ratios(walls)) - len(counted),
+            "switches": self.switches,
         }
 
 
@@ -360,3 +469,23 @@ class StepEnd(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if self.meter.step_end(batch=batch, loss=loss if isinstance(loss, torch.Tensor) else None):
             trainer.should_stop = True
+
+
+class ChildPauses(Callback):
+    """Drives a :class:`ChildPauseAB` from the Trainer's hooks; goes after the meter's ``StepEnd``."""
+
+    def __init__(self, pauses: ChildPauseAB) -> None:
+        self.pauses = pauses
+        self.steps = 0
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.steps += 1
+        self.pauses.after_step(self.steps)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.pauses.resume()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.pauses.resume()

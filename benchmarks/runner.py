@@ -25,7 +25,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from benchmarks import dynamo_counts
 from benchmarks.checks import add_checks
-from benchmarks.measure import InFitAB, StepEnd, StepMeter, StepStart, mfu, speedup
+from benchmarks.measure import ChildPauseAB, ChildPauses, InFitAB, StepEnd, StepMeter, StepStart, mfu, speedup
 from benchmarks.trace import StepProfile, StepTrace
 from benchmarks.variants import (
     VARIANTS,
@@ -237,6 +237,14 @@ def wait_for_compile_processes(limit_s: float = COMPILE_PROCESSES_WAIT_S) -> tup
     return left, round(time.monotonic() - started, 3)
 
 
+PAUSE_FIRST, PAUSE_BLOCK_STEPS = 50, 25  # a child-pause A/B's blocks: after the hand-over (batch 16), 25 steps each
+
+
+def pause_blocks(total_steps: int) -> int:
+    """Blocks of a ``pause_child_ab`` variant's A/B: whole ABBA cycles from step PAUSE_FIRST within the run's steps."""
+    return max(0, (total_steps - PAUSE_FIRST) // (4 * PAUSE_BLOCK_STEPS)) * 4
+
+
 def readied_standbys(variant: Variant) -> contextlib.AbstractContextManager:
     """While the block runs, a ``next_standby`` variant's callback readies a next child's interpreter at every
     hand-over (:class:`compile_callback.background.Launcher`, as before session 39); others change nothing."""
@@ -300,6 +308,9 @@ def _train_and_measure(
         longest_steps=longest,
         in_fit_ab=in_fit_ab,
     )
+    pauses = ChildPauseAB(compile_processes_of_others, blocks=pause_blocks(settings.total_steps), first=PAUSE_FIRST,
+                          block_steps=PAUSE_BLOCK_STEPS) \
+        if variant.pause_child_ab else None
     batches = settings.epoch_steps or meter.longest_steps + (in_fit_ab.steps if in_fit_ab is not None else 0)
     loader = workload.train_loader(batches, pad_to_max=variant.pad_to_max)
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
@@ -307,13 +318,15 @@ def _train_and_measure(
         compiled = f"{compiled}; optimizer.step compiled ({variant.optimizer_mode})"
     try:
         if variant.lightning:
-            _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name)
+            _lightning_fit(module, loader, meter, settings, variant, callback, workload_name=workload.name, pauses=pauses)
         else:
             _plain_loop(module, loader, meter, workload, device, trace=_step_profile(settings, variant, workload.name),
                         optimizer_compile=optimizer_compile_kwargs(variant, smoke=settings.smoke))
     finally:
         if in_fit_ab is not None:
             _set_eager_stance(False)  # a fit that failed inside the A/B leaves no stance to the next variant
+        if pauses is not None:
+            pauses.resume()  # nothing of a failed fit's stays stopped
 
     record: dict[str, Any] = {"compiled": compiled}
     # The dtype most of the trained weights held at the end (bf16 under --precision bf16-true, fp32 otherwise).
@@ -321,6 +334,8 @@ def _train_and_measure(
     if callback is not None:
         record["callback_options"] = callback_options(variant, smoke=settings.smoke)
     record.update(meter.result())
+    if pauses is not None:
+        record["child_pause_ab"] = pauses.summarize(record["step_ends_s"])
     if callback is None:  # every step of a variant without a plan is a steady one
         record.pop("settled_at_step"), record.pop("window_settled")
     else:
@@ -410,11 +425,13 @@ def _lightning_fit(
     callback: Any,
     *,
     workload_name: str,
+    pauses: ChildPauseAB | None = None,
 ) -> None:
     cuda = settings.device.type == "cuda"
     # The meter's start goes first and its end last, so the CompileCallback's hooks are inside the
     # timed step: its monitoring overhead is part of what is measured.
-    callbacks = [StepStart(meter), *([callback] if callback is not None else []), StepEnd(meter)]
+    callbacks = [StepStart(meter), *([callback] if callback is not None else []), StepEnd(meter),
+                 *([ChildPauses(pauses)] if pauses is not None else [])]
     profile = _step_profile(settings, variant, workload_name)
     if profile is not None:
         callbacks.insert(0, StepTrace(profile))

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import checks
+from benchmarks.measure import abba_ratios, block_walls
 from benchmarks.measure import speedup as ratio
 
 MET, NOT_MET, NOT_MEASURED, NOT_APPLICABLE = "met", "**not met**", "not measured", "n/a"
@@ -369,6 +370,15 @@ def render_pairs(result: dict[str, Any]) -> str:
                      "over the pairs; steps of the first pair): " + ", ".join(
                          f"{s['stage']} {s['ratio']:.3f}× (steps {s['steps'][0]}-{s['steps'][1]}, {s['pairs']} pairs)"
                          for s in stages))
+    pauses = paired_child_pauses(result, name)
+    if pauses:
+        lines.append(
+            f"- `{name}`'s child stopped and continued inside each run (ABBA blocks of {pauses['block_steps']} steps from "
+            f"step {pauses['first']}; the running blocks' wall against the stopped ones'): by run "
+            f"{', '.join(_number(r, '.3f') + '×' for r in pauses['per_run'])}; over all {pauses['cycles']} cycles "
+            f"{_number(pauses['ratio'], '.3f')}× ({pauses['without_a_process']} cycles left out: nothing to stop); "
+            f"the eager runs' same blocks, nothing stopped: {_number(pauses['eager_ratio'], '.3f')}× over "
+            f"{pauses['eager_cycles']} cycles")
     return "\n".join(lines)
 
 
@@ -853,6 +863,25 @@ def paired_child_stages(result: dict[str, Any], name: str = "callback") -> list[
             steps_of.setdefault(stage, (picked[0], picked[-1]))
     return [{"stage": stage, "ratio": statistics.median(ratios), "pairs": len(ratios), "steps": steps_of[stage]}
             for stage, ratios in spans.items()]
+
+
+def paired_child_pauses(result: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A ``--pairs`` run's child-pause A/B (``callback_pause_ab``: :class:`benchmarks.measure.ChildPauseAB`):
+    each run's median ratio of its running blocks' wall to its stopped ones', the median over every counted
+    cycle of the run's runs, and the same blocks of the eager runs (nothing stopped there: how far the
+    method reads from 1 with no child at all). None where the run has no such A/B."""
+    runs = [r.get("child_pause_ab") for r in result.get("records", []) if r.get("variant") == name]
+    runs = [ab for ab in runs if ab and ab.get("blocks")]
+    if not runs:
+        return None
+    first, blocks, block_steps = runs[0]["first"], runs[0]["blocks"], runs[0]["block_steps"]
+    cycles = [c for ab in runs for c in ab["cycle_ratios"]]
+    null = [c for r in result.get("records", []) if r.get("variant") == "eager"
+            for c in abba_ratios(block_walls(r.get("step_ends_s") or [], first, blocks, block_steps))]
+    return {"first": first, "block_steps": block_steps, "per_run": [ab["ratio"] for ab in runs],
+            "cycles": len(cycles), "ratio": statistics.median(cycles) if cycles else None,
+            "eager_cycles": len(null), "eager_ratio": statistics.median(null) if null else None,
+            "without_a_process": sum(ab.get("cycles_without_a_process", 0) for ab in runs)}
 
 
 def _paired_wall_time_verdict(result: dict[str, Any]) -> Verdict:

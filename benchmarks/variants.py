@@ -40,6 +40,8 @@ class Variant:
             ``torch.compile`` mode; None: eager.
         next_standby: an experiment: the callback readies a next child's interpreter at every hand-over, as it
             did before session 39 (``background.bytecode_unwritten`` read as true while the variant runs).
+        pause_child_ab: an experiment: the callback's background child stopped and continued in blocks of steps
+            (:class:`benchmarks.measure.ChildPauseAB`), what it costs the steps beside it measured inside the fit.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Variant:
     progress_bar_loss: bool = False
     optimizer_mode: str | None = None
     next_standby: bool = False
+    pause_child_ab: bool = False
 
 
 VARIANTS = {
@@ -116,6 +119,10 @@ VARIANTS = {
         # (importing beside the first child's, beside training) at every hand-over, used or not.
         Variant("callback_next_standby", "Lightning, CompileCallback() defaults, a next child's interpreter readied "
                 "at every hand-over (before session 39)", callback={}, next_standby=True),
+        # Issue 22's first 1000 steps: what the child (its imports, then its compile) costs the training steps
+        # beside it, stopped and continued in blocks inside each fit (an experiment: its own figures answer nothing).
+        Variant("callback_pause_ab", "Lightning, CompileCallback() defaults, its background child stopped and "
+                "continued in turn (ABBA blocks of steps)", callback={}, pause_child_ab=True),
         # What the anatomy's sampling costs: the same run without it.
         Variant("callback_no_anatomy", "Lightning, CompileCallback(anatomy=False)", callback={"anatomy": False}),
         # The same three with the training loss in the progress bar: a host sync after every batch.
