@@ -79,9 +79,10 @@ def test_the_smoke_run_has_every_variant_on_some_workload_and_every_workload_its
     # option variants: whole_ro's compile with one option more (their arguments checked in test_variants.py).
     # bare_whole_ro_opt_ro: bare_whole_ro_opt's code with CUDA graphs, a mode the smoke backend has not.
     # callback_next_standby: the callback's background children as before session 39 (an experiment).
+    # callback_pause_ab: stops a background child, which a CPU run has not (test_child_pause.py drives its code).
     assert set().union(*SMOKE_VARIANTS.values()) == (
         set().union(*VARIANTS.values()) - checked_only
-        - {"callback_bg", "callback_next_standby", *INDUCTOR_OPTION_VARIANTS, "bare_whole_ro_opt_ro"})
+        - {"callback_bg", "callback_next_standby", "callback_pause_ab", *INDUCTOR_OPTION_VARIANTS, "bare_whole_ro_opt_ro"})
     for workload, names in SMOKE_VARIANTS.items():
         assert set(names) <= set(VARIANTS[workload]), workload
         assert {"eager", "callback", "eager_end"} <= set(names), workload
