@@ -347,6 +347,20 @@ MUTATIONS = [
         tests=("tests/benchmarks/test_smoke.py::test_pairs_alternate_eager_with_one_variant_and_each_pair_is_reported",),
     ),
     Mutation(
+        name="the child-pause A/B never stops the child (its stopped blocks run it too)",
+        path="benchmarks/measure.py",
+        old="                    os.kill(pid, signal.SIGSTOP)\n",
+        new="                    pass\n",
+        tests=("tests/benchmarks/test_child_pause.py::test_the_child_is_stopped_in_the_abba_blocks_of_a_fit_and_runs_on_after_them",),
+    ),
+    Mutation(
+        name="the child-pause A/B keeps the switch's own time in its block's wall",
+        path="benchmarks/measure.py",
+        old="                walls[block] -= switch.get(\"seconds\", 0.0)\n",
+        new="                pass\n",
+        tests=("tests/benchmarks/test_child_pause.py::test_the_ab_reads_running_blocks_against_stopped_ones_and_leaves_out_cycles_with_nothing_stopped",),
+    ),
+    Mutation(
         name="the state key forgets the regions",
         path="compile_callback/callback.py",
         old="        self._state_key = self._generate_state_key(regions=str(self.regions), backend=backend_name(self.backend))\n",
