@@ -152,10 +152,15 @@ class ChildPauseAB:
 
     find: Callable[[], list[int]]
     blocks: int
-    first: int = 50
+    first: int = 50  # after the hand-over (batch 16)
     block_steps: int = 25
-    switches: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {"step", "running", "processes"}
-    _stopped: list[int] = dataclasses.field(default_factory=list)
+    switches: list[dict[str, Any]] = dataclasses.field(default_factory=list, init=False)  # {"step", "running", "processes", "seconds"}
+    _stopped: list[int] = dataclasses.field(default_factory=list, init=False)
+
+    @classmethod
+    def within(cls, total_steps: int, find: Callable[[], list[int]]) -> ChildPauseAB:
+        """The A/B with as many whole ABBA cycles of the default blocks as a run of ``total_steps`` steps holds."""
+        return cls(find, blocks=max(0, (total_steps - cls.first) // (4 * cls.block_steps)) * 4)
 
     def __post_init__(self) -> None:
         if self.blocks < 0 or self.blocks % 4:
@@ -195,24 +200,24 @@ class ChildPauseAB:
         self._stopped = []
 
     def summarize(self, step_ends_s: Sequence[float]) -> dict[str, Any]:
-        """The A/B from the steps' ends: each block's wall (less the switch at its start), each whole cycle's running / stopped ratio (only
-        cycles whose stop found a process to stop count: before the child starts or after it ends nothing
-        is stopped) and their median."""
+        """The A/B from the steps' ends: each block's wall (less the switch at its start), each whole cycle's
+        running / stopped ratio (only cycles whose stop found a process to stop count: before the child starts
+        or after it ends nothing is stopped) and their median."""
         walls = block_walls(step_ends_s, self.first, self.blocks, self.block_steps)
         for switch in self.switches:
             block = (switch["step"] - self.first) // self.block_steps
             if block < len(walls):
                 walls[block] -= switch.get("seconds", 0.0)
         stopped_any = {s["step"]: s["processes"] > 0 for s in self.switches if not s["running"]}
-        counted = [ratio for cycle, ratio in enumerate(abba_ratios(walls))
-                   if stopped_any.get(self.first + (4 * cycle + 1) * self.block_steps)]
+        cycles = abba_ratios(walls)
+        counted = [ratio for cycle, ratio in enumerate(cycles) if stopped_any.get(self.first + (4 * cycle + 1) * self.block_steps)]
         return {
             "first": self.first, "blocks": self.blocks, "block_steps": self.block_steps,
             "order": "ABBA (running, stopped, stopped, running)",
             "block_walls_s": [round(w, 5) for w in walls],
             "cycle_ratios": [round(r, 5) for r in counted],
             "ratio": statistics.median(counted) if counted else None,
-            "cycles_without_a_process": len(abba_ratios(walls)) - len(counted),
+            "cycles_without_a_process": len(cycles) - len(counted),
             "switches": self.switches,
         }
 
@@ -472,7 +477,8 @@ class StepEnd(Callback):
 
 
 class ChildPauses(Callback):
-    """Drives a :class:`ChildPauseAB` from the Trainer's hooks; goes after the meter's ``StepEnd``."""
+    """Drives a :class:`ChildPauseAB` from the Trainer's hooks; goes after the meter's ``StepEnd``. Whatever is
+    stopped when the fit ends or fails is continued by the runner (``ChildPauseAB.resume`` after the fit)."""
 
     def __init__(self, pauses: ChildPauseAB) -> None:
         self.pauses = pauses
@@ -483,9 +489,3 @@ class ChildPauses(Callback):
     ) -> None:
         self.steps += 1
         self.pauses.after_step(self.steps)
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.pauses.resume()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self.pauses.resume()

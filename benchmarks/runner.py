@@ -237,14 +237,6 @@ def wait_for_compile_processes(limit_s: float = COMPILE_PROCESSES_WAIT_S) -> tup
     return left, round(time.monotonic() - started, 3)
 
 
-PAUSE_FIRST, PAUSE_BLOCK_STEPS = 50, 25  # a child-pause A/B's blocks: after the hand-over (batch 16), 25 steps each
-
-
-def pause_blocks(total_steps: int) -> int:
-    """Blocks of a ``pause_child_ab`` variant's A/B: whole ABBA cycles from step PAUSE_FIRST within the run's steps."""
-    return max(0, (total_steps - PAUSE_FIRST) // (4 * PAUSE_BLOCK_STEPS)) * 4
-
-
 def readied_standbys(variant: Variant) -> contextlib.AbstractContextManager:
     """While the block runs, a ``next_standby`` variant's callback readies a next child's interpreter at every
     hand-over (:class:`compile_callback.background.Launcher`, as before session 39); others change nothing."""
@@ -308,9 +300,7 @@ def _train_and_measure(
         longest_steps=longest,
         in_fit_ab=in_fit_ab,
     )
-    pauses = ChildPauseAB(compile_processes_of_others, blocks=pause_blocks(settings.total_steps), first=PAUSE_FIRST,
-                          block_steps=PAUSE_BLOCK_STEPS) \
-        if variant.pause_child_ab else None
+    pauses = ChildPauseAB.within(settings.total_steps, compile_processes_of_others) if variant.pause_child_ab else None
     batches = settings.epoch_steps or meter.longest_steps + (in_fit_ab.steps if in_fit_ab is not None else 0)
     loader = workload.train_loader(batches, pad_to_max=variant.pad_to_max)
     compiled = apply_compile(variant, module, workload.blocks(module), smoke=settings.smoke)
