@@ -325,7 +325,7 @@ def start(
     if standby is not None:
         standby.stop()  # it died waiting (its log says why): a fresh interpreter instead
     try:
-        process, log = _spawn([payload, str(os.getpid()), repr(time.time())])
+        process, log, _ = _spawn([payload, str(os.getpid()), repr(time.time())])
     except ValueError as error:  # COMPILE_CALLBACK_CHILD_CPUS names CPUs it cannot have
         os.remove(payload)
         raise Unavailable(str(error)) from error
@@ -454,13 +454,13 @@ def _installed_bytecode() -> bool:
 
 
 def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
-           write_bytecode: bool = False) -> tuple[subprocess.Popen, str]:
+           write_bytecode: bool = False) -> tuple[subprocess.Popen, str, bool]:
     """A fresh interpreter running this module with ``arguments``, its output in a log file of its own
-    (``write_bytecode``: see :func:`bytecode_env`). It starts as :mod:`compile_callback.boot`, which lowers
-    its priority (:func:`child_niceness`) before it imports anything, and where its bytecode folder
-    (:data:`BYTECODE_DIR`) lacks torch's, compiles the run's sources into it first (in parallel: with a core
-    or two, compiling ahead in one process took longer than the imports from the sources, 14.2 s against
-    11.6 s on a 2-core CPU, so it is not done there)."""
+    (``write_bytecode``: see :func:`bytecode_env`), and whether it precompiles. It starts as
+    :mod:`compile_callback.boot`, which lowers its priority (:func:`child_niceness`) before it imports anything,
+    and where its bytecode folder (:data:`BYTECODE_DIR`) lacks torch's, precompiles: compiles the run's sources
+    into it first (in parallel: with a core or two, compiling ahead in one process took longer than the imports
+    from the sources, 14.2 s against 11.6 s on a 2-core CPU, so it is not done there)."""
     handle, log = tempfile.mkstemp(prefix="compile-callback-", suffix=".log")
     os.close(handle)
     env = bytecode_env(dict(os.environ), installed=_installed_bytecode(), write=write_bytecode)
@@ -468,7 +468,8 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
     env[boot.LOWER_BY_VARIABLE] = str(child_niceness())  # lowered before its imports, a standby's too
     command = [sys.executable, boot.__file__, *arguments]
     made = [log]  # files this spawn made, removed where it fails
-    if boot.WORKERS > 1 and _lacks_torch_bytecode(env):
+    precompiles = boot.WORKERS > 1 and _lacks_torch_bytecode(env)
+    if precompiles:
         sources = boot.sources(list(sys.modules.values()), os.path.dirname(torch.__file__))
         env[boot.PRECOMPILE_VARIABLE] = boot.write_listing(sources)
         made.append(boot.listing_of(env[boot.PRECOMPILE_VARIABLE]))
@@ -489,7 +490,7 @@ def _spawn(arguments: list[str], stdin: int = subprocess.DEVNULL, *,
             _end(process)
             raise ValueError(f"{CPUS_VARIABLE}={os.environ[CPUS_VARIABLE]!r}: the child could not be placed on CPUs "
                              f"{sorted(cpus)} ({error}); name CPUs this container may use, or unset it") from error
-    return process, log
+    return process, log, precompiles
 
 
 def _end(process: subprocess.Popen) -> None:
@@ -517,8 +518,9 @@ class Standby:
         ``started``: when it was started, as the report's decision says it."""
         self.preload = tuple(preload)
         self.started = started
-        self.process, self.log = _spawn([STANDBY, str(os.getpid()), *preload], stdin=subprocess.PIPE,
-                                        write_bytecode=write_bytecode)
+        # precompiles: it compiles torch's sources into the children's bytecode folder first (compile_callback.boot)
+        self.process, self.log, self.precompiles = _spawn([STANDBY, str(os.getpid()), *preload],
+                                                          stdin=subprocess.PIPE, write_bytecode=write_bytecode)
 
     def go(self, payload: str) -> bool:
         """Hands ``payload`` to the waiting interpreter; False where it is gone (then nothing was sent)."""
@@ -547,8 +549,12 @@ class Launcher:
     - ``another``: the search will hand over another child after this one whatever this one's outcome (a
       part prepared before the whole model, payback.part_first_in_background), which a standby spares a
       fresh interpreter's start (14-18 s of imports alone on the H200, session 20);
-    - the children's bytecode folder still lacks torch's (:func:`bytecode_unwritten`): that standby writes
-      it, off the critical path, and later fits' children read it.
+    - the children's bytecode folder still lacks torch's (:func:`bytecode_unwritten`) and the child handed
+      over is not compiling it already (:attr:`Standby.precompiles`): that standby writes it, off the critical
+      path, and later fits' children read it. Where the child precompiles, a second writer would compile the
+      same sources into the same folder at once: on a fresh H100 host the two pools (18 processes) made the
+      steps beside them 1.154x slower than with them stopped, against 0.983x once the bytecode was written
+      (session 43, ``benchmarks`` variant ``callback_pause_ab``).
 
     Otherwise a next child, if the search comes to one (this one failed or was not kept), starts fresh. The
     usual search hands over one child (ResNet-18 CIFAR, ResNet-50: the whole model, kept): a second
@@ -563,8 +569,9 @@ class Launcher:
                  another: bool = False) -> BackgroundCompile:
         waiting, self.standby = self.standby, None
         child = start(name, module, held, options, standby=waiting, **self.settings)
-        # Not after a standby that died waiting (its log says why).
-        if waiting is not None and child.standby and (another or bytecode_unwritten()):
+        # Not after a standby that died waiting (its log says why), nor to write bytecode the child is writing.
+        if waiting is not None and child.standby and (
+                another or (bytecode_unwritten() and not waiting.precompiles)):
             self.standby = Standby(waiting.preload, write_bytecode=True,  # its imports wait on no one
                                    started="as the child before it was handed over")
         return child

@@ -869,10 +869,18 @@ MUTATIONS = [
     Mutation(
         name="the launcher readies a next child's interpreter after every hand-over (used or not)",
         path="compile_callback/background.py",
-        old="        if waiting is not None and child.standby and (another or bytecode_unwritten()):\n",
+        old=("        if waiting is not None and child.standby and (\n"
+             "                another or (bytecode_unwritten() and not waiting.precompiles)):\n"),
         new="        if waiting is not None and child.standby:\n",
         tests=("tests/test_background.py::test_a_candidate_compiles_in_a_child_while_training_goes_on_eagerly",
                "tests/test_background.py::test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_writes_bytecode"),
+    ),
+    Mutation(
+        name="the launcher readies a bytecode writer beside a child that is precompiling the same bytecode",
+        path="compile_callback/background.py",
+        old="                another or (bytecode_unwritten() and not waiting.precompiles)):\n",
+        new="                another or bytecode_unwritten()):\n",
+        tests=("tests/test_background.py::test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_writes_bytecode",),
     ),
     Mutation(
         name="the search never says that the whole model's child follows the part's",

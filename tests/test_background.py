@@ -338,6 +338,8 @@ def test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_wr
     readied = []
 
     class Quiet:  # what the launcher starts for the next child, nothing run
+        precompiles = False
+
         def __init__(self, preload=(), *, write_bytecode=False, started="with the fit"):
             self.preload = tuple(preload)
             readied.append(write_bytecode)
@@ -355,6 +357,17 @@ def test_the_next_childs_interpreter_is_readied_only_where_it_will_be_used_or_wr
         launcher("model", None, None, None, another=another)
         assert readied == ([True] if expected else []), (another, unwritten)
         assert (launcher.standby is not None) == expected and (not expected or launcher.standby.preload == ("json",))
+    # The child handed over is compiling torch's sources into the folder itself (compile_callback.boot): a
+    # second writer would compile the same sources at once beside it and training (session 43: 18 processes,
+    # the steps beside them 1.154x slower), so none is readied for that; one the search will use still is.
+    for another, expected in ((False, []), (True, [True])):
+        monkeypatch.setattr(background, "bytecode_unwritten", lambda: True)
+        handed = Quiet(("json",))
+        handed.precompiles = True
+        launcher = background.Launcher(standby=handed)
+        readied.clear()
+        launcher("model", None, None, None, another=another)
+        assert readied == expected and (launcher.standby is not None) == another, another
     launcher = background.Launcher(standby=None)  # no standby to begin with (ranks but rank 0): none readied
     readied.clear()
     launcher("model", None, None, None, another=True)
@@ -403,6 +416,7 @@ def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_in
     monkeypatch.setattr(boot, "__file__", str(tmp_path / "linked" / "boot.py"))
     standby = background.Standby(("json",))
     assert standby.process.args[1] == boot.__file__  # started as the boot script (as every child is)
+    assert standby.precompiles  # what the launcher reads: no second writer beside it
     child = background.start("model", nn.Linear(4, 4), ((torch.randn(2, 4),), {}), CompileOptions(backend="eager"),
                              standby=standby, context=contextlib.nullcontext, device=torch.device("cpu"), verify=True,
                              tolerance=None)
@@ -419,14 +433,14 @@ def test_a_child_whose_bytecode_folder_lacks_torchs_compiles_the_runs_sources_in
     monkeypatch.setattr(boot, "WORKERS", 1)
     serial = background.Standby(("json",))
     serial.stop()
-    assert len(listings) == 1  # no listing: nothing compiled first
+    assert len(listings) == 1 and not serial.precompiles  # no listing: nothing compiled first
     # Once torch's bytecode is in the folder, a child starts as before and reads it.
     os.makedirs(os.path.dirname(boot.cached_in(folder, torch.__file__)), exist_ok=True)
     open(boot.cached_in(folder, torch.__file__), "wb").close()
     monkeypatch.setattr(boot, "WORKERS", 2)
     again = background.Standby(("json",))
     again.stop()
-    assert len(listings) == 1
+    assert len(listings) == 1 and not again.precompiles
 
 
 def test_a_childs_bytecode_is_compiled_by_half_the_cores_it_may_use_at_most_eight():
