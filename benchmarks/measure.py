@@ -154,7 +154,8 @@ class ChildPauseAB:
     blocks: int
     first: int = 50  # after the hand-over (batch 16)
     block_steps: int = 25
-    switches: list[dict[str, Any]] = dataclasses.field(default_factory=list, init=False)  # {"step", "running", "processes", "seconds"}
+    # {"step", "running", "processes", "seconds"} at each switch
+    switches: list[dict[str, Any]] = dataclasses.field(default_factory=list, init=False)
     _stopped: list[int] = dataclasses.field(default_factory=list, init=False)
 
     @classmethod
@@ -210,7 +211,8 @@ class ChildPauseAB:
                 walls[block] -= switch.get("seconds", 0.0)
         stopped_any = {s["step"]: s["processes"] > 0 for s in self.switches if not s["running"]}
         cycles = abba_ratios(walls)
-        counted = [ratio for cycle, ratio in enumerate(cycles) if stopped_any.get(self.first + (4 * cycle + 1) * self.block_steps)]
+        counted = [ratio for cycle, ratio in enumerate(cycles)
+                   if stopped_any.get(self.first + (4 * cycle + 1) * self.block_steps)]
         return {
             "first": self.first, "blocks": self.blocks, "block_steps": self.block_steps,
             "order": "ABBA (running, stopped, stopped, running)",
