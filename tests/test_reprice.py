@@ -93,7 +93,9 @@ def test_a_frozen_plan_is_repriced_with_eager_beside_it(tmp_path, monkeypatch):
     found = run.repricer.latest()
     summary = callback.last_report["summary"]
     assert summary["speedup_priced"] == "re-measured" and summary["speedup"] == pytest.approx(found.speedup)
-    assert found.eager_ms > 100 > 20 > found.compiled_ms  # the round's eager steps ran eagerly, the rest compiled
+    # The round's eager steps ran eagerly (each sleeps 100 ms), the rest compiled (no sleep): apart by most of the
+    # sleep however loaded the machine (3 busy loops on 2 cores: 119 ms against 26 ms).
+    assert found.eager_ms > 100 and found.eager_ms - found.compiled_ms > 50
     assert summary["eager_step_time_ms"] == pytest.approx(found.eager_ms)
     assert summary["eager_step_time_p90_ms"] == pytest.approx(found.eager_p90_ms)  # the same steps' p90
     assert summary["eager_step_time_p90_ms"] >= summary["eager_step_time_ms"]
