@@ -1,5 +1,4 @@
 # Session 45 GPU calls (session 43's script)
-# Session 44 GPU calls (session 43's script)
 # Session 43 GPU calls (session 41's script; the import-time sort only where IMPORTTIME is set)
 # Session 41 GPU calls (session 38's script)
 # Session 38 GPU calls (session 37's script)
