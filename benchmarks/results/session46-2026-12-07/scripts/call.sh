@@ -1,4 +1,5 @@
-# Session 46 GPU calls (session 45's script)
+# Session 46 GPU calls (session 45's script, plus "0:@cd DIR": the runs after it run from DIR, e.g. an older commit's tree
+# unpacked beside this one, for an A/B of two versions of the product on one machine)
 # Session 43 GPU calls (session 41's script; the import-time sort only where IMPORTTIME is set)
 # Session 41 GPU calls (session 38's script)
 # Session 38 GPU calls (session 37's script)
@@ -51,6 +52,7 @@ for spec in "$@"; do
   case $workload in
     @set) export $args ;;
     @unset) unset $args ;;
+    @cd) cd $args ;;
     @tests) timeout -k 10 $limit python3 -m pytest -p no:logging -p no:cacheprovider --tb=short -q -m cuda -o faulthandler_timeout=60 --durations=0 \
               ${args:-tests/test_cuda.py tests/test_host_syncs.py} > $OUT/tests.txt 2>&1; tail -5 $OUT/tests.txt >> $L ;;
     @peak) timeout -k 10 $limit python3 -m benchmarks.diagnostics.peakstack $args >> $OUT/peak.jsonl 2>/tmp/err/peak.txt
