@@ -1,3 +1,4 @@
+#!/bin/bash
 # Session 46 GPU calls (session 45's script, plus "0:@cd DIR": the runs after it run from DIR, e.g. an older commit's tree
 # unpacked beside this one, for an A/B of two versions of the product on one machine)
 # Session 43 GPU calls (session 41's script; the import-time sort only where IMPORTTIME is set)
@@ -5,7 +6,6 @@
 # Session 38 GPU calls (session 37's script)
 # Session 37 GPU calls (session 36's script)
 # Session 36 GPU calls (session 29's script, plus PIN: "0:@set PIN=0-3" runs each benchmark under taskset -c 0-3)
-#!/bin/bash
 # Session 29 GPU calls (session 28's script, plus the GPU's SM clock, power and clock-event reasons every 0.5 s in gpu.csv,
 # epoch seconds first: benchmark records carry started_at/ended_at in the same clock)
 # Session 28 GPU calls (session 27's script)
