@@ -300,8 +300,10 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
         nonlocal model, callback, trainer
         parked.clear()
         model = Adam(depth=depth)
+        # nothing kept, whatever the host does to the timings: every candidate is tried (a busy host once
+        # timed the eager backend's whole model 2.7x faster than eager and kept it at min_speedup=1.5, session 47)
         callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4,
-                                   max_trials=3, min_speedup=1.5)  # nothing kept: every candidate is tried
+                                   max_trials=3, min_speedup=1e6)
         trainer = make_trainer(tmp_path, [callback, StopWhenPlanned()], max_steps=100_000, max_epochs=-1,
                                limit_val_batches=0)
         trainer.fit(model, loader(batch_size=8))
