@@ -1,33 +1,16 @@
 #!/bin/bash
-# Session 46 GPU calls (session 45's script, plus "0:@cd DIR": the runs after it run from DIR, e.g. an older commit's tree
-# unpacked beside this one, for an A/B of two versions of the product on one machine)
-# Session 43 GPU calls (session 41's script; the import-time sort only where IMPORTTIME is set)
-# Session 41 GPU calls (session 38's script)
-# Session 38 GPU calls (session 37's script)
-# Session 37 GPU calls (session 36's script)
-# Session 36 GPU calls (session 29's script, plus PIN: "0:@set PIN=0-3" runs each benchmark under taskset -c 0-3)
-# Session 29 GPU calls (session 28's script, plus the GPU's SM clock, power and clock-event reasons every 0.5 s in gpu.csv,
-# epoch seconds first: benchmark records carry started_at/ended_at in the same clock)
-# Session 28 GPU calls (session 27's script)
-# Session 27 GPU calls (session 26's script, plus @probe: benchmarks.diagnostics.issueprobe into issue.jsonl)
-# Session 26 GPU calls (session 25's script)
-# Session 25 GPU calls (session 24's script)
-# Session 24 GPU calls (session 23's script, plus "0:@unset NAME" to drop a variable @set exported)
-# Session 23 GPU calls (session 22's script; /tmp/b emptied first: /tmp can outlive a machine here)
-# Session 22 GPU calls (session 21's script; FRESHPYC=1 removes the children's bytecode folder first, as on a fresh machine)
-# Session 21 GPU calls (session 20's script, plus whether the interpreter reads compiled bytecode (.pyc) and the standby's imports timed
-# once as the host has them and twice writing and then reading bytecode in a folder of their own, in machine.txt; -X importtime only
-# where IMPORTTIME is set; SKIPDIAG=1 skips the standby timings)
-# Session 20 GPU calls (session 19's script, plus @child (benchmarks.diagnostics.child) and the standby's imports timed alone in machine.txt)
-# Session 19 GPU calls (session 18's script)
-# Session 18 GPU calls (session 17's script)
-# Session 17 GPU calls (session 15's script; "0:@set NAME=VALUE" exports a variable for the runs after it)
-# Session 15 GPU calls (session 14's script; --exclude=caches: a --compile-caches fresh run's Inductor caches stay on the machine)
-# Session 14 GPU calls (session 13's script; each benchmark run writes to a folder of its own, /tmp/b/<n>-<workload>, and every
-# result JSON and report comes back in one archive, res.tgz: $OUT holds few files)
-# Session 13 GPU calls (session 12's script, plus the machine's CPU/NUMA layout in machine.txt)
-# Session 12 GPU calls (session 11's script) (session 10's script; @tests keeps pytest's whole output in tests.txt and takes test ids): benchmark runs with the host clock beside them, the CUDA tests and diagnostics.
-# Session 12: `timeout -k 10` (a Trainer catches SIGTERM: call 2 ran 500 s past its test limit), and pytest dumps every thread's stack when one test passes 60 s (faulthandler_timeout, per test) and lists every test's duration.
+# The GPU calls' script: run on the device machine from the repository root, with the omegaconf wheel in .whl
+# (carry [".whl"]). Each benchmark run writes to /tmp/b/<n>-<workload>; every result JSON and report comes back
+# in one archive, $OUT/res.tgz, rewritten as each run ends; log.txt, machine.txt (GPU, CPU/NUMA layout, bytecode
+# state), clock.jsonl (the host clock every 0.5 s) and gpu.csv (SM clock, power, clock-event reasons every 0.5 s,
+# epoch seconds first) beside it. Edited in place from session 46 on: a results folder's NOTES entry names the
+# commit its calls ran at (earlier sessions kept a copy each in benchmarks/results/session*/scripts/, from session 8).
+# Directives: "0:@set NAME=VALUE" / "0:@unset NAME" for the runs after it ("@set PIN=0-3" runs each benchmark under
+# taskset); "0:@cd DIR" runs the later ones from DIR (an older commit's tree unpacked beside this one, for an A/B of
+# two versions of the product on one machine); @tests, @peak, @hooks, @arm, @child, @probe and @after run the CUDA
+# tests and benchmarks.diagnostics. Environment: SKIPDIAG=1 skips the standby import timings, FRESHPYC=1 removes
+# the children's bytecode folder first, IMPORTTIME=1 adds the standby's -X importtime sort. `timeout -k 10`: a
+# Trainer catches SIGTERM.
 # Usage: call.sh "<limit>:<workload> <args...>" | "<limit>:@tests" | "<limit>:@after <aftereffect args...>" | "<limit>:@peak <peakstack args...>" ...
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
