@@ -654,8 +654,8 @@ def _child(path: str, parent: int, spawned: float) -> int:
     if header["verify"]:
         result = verify_module(module, args, kwargs, context=context, tolerance=header["tolerance"],
                                options=header["options"])
-        if result.passed and twin_options(module, header["options"]) is not None:
-            # Verified on a twin (dropout): the graph the run trains on is the module's own; warm it too,
+        if result.passed and twin_options(result.random, header["options"]) is not None:
+            # Verified on a twin (random numbers drawn): the graph the run trains on is the module's own; warm it too,
             # forward and backward (the backward compiles at its first call). Best effort: the run
             # compiles it at its next step either way.
             try:
@@ -670,7 +670,7 @@ def _child(path: str, parent: int, spawned: float) -> int:
         print(f"compile failed: {result.error}", flush=True)
         return 1
     checked = {"max_rel_error": result.max_rel_error, "tolerance": result.tolerance, "where": result.where,
-               "error": result.error} if header["verify"] else None
+               "error": result.error, "random": result.random} if header["verify"] else None
     print(_RESULT + json.dumps({"seconds": time.monotonic() - started, "passed": result.passed, "niceness": niceness,
                                 "checked": checked, "stages": {**stages, **result.seconds}}), flush=True)
     return 0

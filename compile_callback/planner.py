@@ -1415,8 +1415,8 @@ class AutoPlanner(_CompilesRegions):
         if verdict.error:
             what = "compile failed" if verdict.where == "compile" else "not verified, so not trusted"
             return f"{what}: {verdict.error}"  # the torch error in it is cut at 300 characters, a fix beside it not
-        return (f"numerics differ from eager: max relative error {verdict.max_rel_error:.2e} in "
-                f"{verdict.where}; tolerance {verdict.tolerance:.0e}")
+        return (f"numerics differ from eager: {verdict.where}; max relative error {verdict.max_rel_error:.2e}, "
+                f"tol {verdict.tolerance:.0e}")
 
     def _compile_counts(self, region_names: list[str]) -> tuple[float, int, int]:
         """Compile seconds and FX-graph cache hits and misses the watch has counted for these regions."""

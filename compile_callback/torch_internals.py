@@ -19,6 +19,8 @@ What we read, and why it is the right source:
   between the pieces.
 - ``nn.Module._compiled_call_impl``: ``nn.Module.compile`` sets it; there is no public way to undo it.
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
+- ``torch.utils._python_dispatch.TorchDispatchMode``: :func:`random_draws_in_float32`, so a float64
+  reference draws the random numbers a float32 run draws.
 - ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
 - ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache,
   the globals it puts compiled functions in, and its backend check: :class:`TwinScope`.
@@ -353,6 +355,55 @@ def tree_leaves(tree: Any) -> list[Any]:
     from torch.utils._pytree import tree_leaves as leaves
 
     return list(leaves(tree))
+
+
+def tree_map(function: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``function`` applied to each leaf, its containers rebuilt (as :func:`tree_leaves` sees them)."""
+    from torch.utils._pytree import tree_map as map_leaves
+
+    return map_leaves(function, tree)
+
+
+def _narrowed(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+        return value.float()
+    return torch.float32 if value is torch.float64 else value
+
+
+@contextmanager
+def random_draws_in_float32() -> Iterator[None]:
+    """Inside the block, every random op (those torch tags ``nondeterministic_seeded``: ``bernoulli``,
+    ``rand*``, ``normal``, ``native_dropout``, ...) that would draw in float64 draws in float32 and its
+    result is widened: a float64 run then draws the very numbers a float32 run with the same seed draws
+    (a generator draws other numbers for other dtypes, on CUDA). Ops that draw nothing pass through."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Float32Draws(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if torch.Tag.nondeterministic_seeded not in func.tags:
+                return func(*args, **kwargs)
+            narrow_args, narrow_kwargs = tree_map(_narrowed, (args, kwargs))
+            if not any(a is not b for a, b in zip(tree_leaves((args, kwargs)), tree_leaves((narrow_args, narrow_kwargs)))):
+                return func(*args, **kwargs)
+            result = func(*narrow_args, **narrow_kwargs)
+            schema = func._schema.arguments
+            written = False
+            for index, argument in enumerate(schema):  # in-place draws (``bernoulli_``): into the caller's tensor
+                if argument.alias_info is None or not argument.alias_info.is_write:
+                    continue
+                original, narrowed = ((args[index], narrow_args[index]) if index < len(args)
+                                      else (kwargs.get(argument.name), narrow_kwargs.get(argument.name)))
+                if isinstance(original, torch.Tensor) and original is not narrowed:
+                    original.copy_(narrowed)
+                    written = True
+            if written and isinstance(result, torch.Tensor) and len(args):
+                return args[0]
+            return tree_map(lambda v: v.double() if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v,
+                            result)
+
+    with Float32Draws():
+        yield
 
 
 
