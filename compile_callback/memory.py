@@ -25,6 +25,32 @@ def peak_bytes(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device)
 
 
+def graph_pool_free_bytes(device: torch.device) -> int:
+    """Bytes reserved in private memory pools on ``device`` (CUDA graphs' pools) and not allocated now.
+
+    A replayed CUDA graph allocates nothing: its intermediates reuse its pool's blocks, which the
+    allocated counters show only while a tensor lives in them. At the forward/backward boundary the
+    forward's saved activations are allocated (counted) and the pool's free blocks are what the backward
+    graph uses; the two together bound the step's peak. One ``torch.cuda.memory_snapshot`` (a walk over
+    every segment): read once per plan, never per step."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free = 0
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device", index) == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            free += int(segment["total_size"]) - int(segment["allocated_size"])
+    return free
+
+
+def plan_peak_bytes(allocated_high: int | None, *, cuda_graphs: bool, pool_free: int | None) -> int | None:
+    """The kept plan's steady-step peak: the allocated bytes at its forward/backward boundary, and under CUDA
+    graphs its pools' free bytes beside them (:func:`graph_pool_free_bytes`); None where either is unread."""
+    if not allocated_high:
+        return None
+    if not cuda_graphs:
+        return allocated_high
+    return allocated_high + pool_free if pool_free is not None else None
+
+
 def room_bytes(device: torch.device) -> int | None:
     """Bytes a new reservation could still take on ``device``, or None off CUDA.
 

@@ -452,6 +452,7 @@ class AutoPlanner(_CompilesRegions):
         self.decisions: list[Decision] = []
         self.regions: list[Region] = []  # kept, compiled
         self._kept: list[Region] = []  # kept by agreement (a failing guard drops one from `regions` on its rank only)
+        self._numerics_refused: dict[str, str] = {}  # region -> the mode whose verification its numerics failed
         self.notes: list[str] = []
         self.searches = True
         self.frozen = False
@@ -565,6 +566,11 @@ class AutoPlanner(_CompilesRegions):
                 break  # the whole model is compiled: its parts (and other modes of it) are not tried
             if candidate.whole and whole_skipped:
                 continue  # its other mode costs the same compile: skipped once, said once
+            if candidate.name in self._numerics_refused:
+                self.notes.append(f"`{candidate.name}` not tried in {candidate.mode or 'default'} mode: its numerics "
+                                  f"differed from eager in {self._numerics_refused[candidate.name]} mode, and the "
+                                  "modes tried share their kernels")
+                continue
             if not self._worth_trying(candidate, current_ms):
                 whole_skipped = whole_skipped or candidate.whole
                 continue
@@ -665,7 +671,11 @@ class AutoPlanner(_CompilesRegions):
         else:
             revert_region(candidate.region)
             _put_back(set_aside)
+            if self._verified(verdict) is False:  # the modes tried share Inductor's kernels: no other mode of it
+                self._numerics_refused[candidate.name] = options.mode_name
+            compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])
             self._decide(candidate, options, kept=False, reason=self._failure_reason(verdict),
+                         compile_seconds=compile_seconds or None, compile_cache=compile_cache,
                          **self._numerics(verdict), **background, setup_s=_setup_s(verdict, released, child_s))
             return None
         try:
@@ -687,8 +697,10 @@ class AutoPlanner(_CompilesRegions):
                 failure = self._last_failure or "reverted by the recompile policy"
             revert_region(candidate.region)
             _put_back(set_aside)
+            compile_seconds, compile_cache = self._compiled_since(compile_before, [candidate.region.name])
             self._decide(candidate, options, kept=False,
                          reason=f"failed at run time during its trial, reverted to eager: {failure}", **background,
+                         compile_seconds=compile_seconds or None, compile_cache=compile_cache,
                          setup_s=_setup_s(verdict, released, child_s))
             return None
         trial_ms = self.timer.median_ms(label, wait=True)
@@ -1274,8 +1286,9 @@ class AutoPlanner(_CompilesRegions):
         return None
 
     def _worth_trying(self, candidate: Candidate, current_ms: float | None) -> bool:
-        """Whether the batches left can repay ``candidate``'s compile, judged on this run's measured
-        compiles only (a prior may order the candidates, never skip one)."""
+        """Whether the batches left can repay ``candidate``'s compile: judged on this run's measured
+        compiles, or before the first on the backend's prior, an optimistic figure (a fast GPU host's cold
+        compile): a candidate even that cannot repay is not tried (:meth:`_unpaid`)."""
         reason = self._unpaid(candidate, current_ms)
         if reason is None:
             return True
@@ -1290,7 +1303,7 @@ class AutoPlanner(_CompilesRegions):
         reason = None
         if remaining <= 0:
             reason = "skipped: the run ends before a trial could finish"
-        elif costs.known and current_ms:
+        elif costs.rate is not None and current_ms:
             estimate = costs.seconds(candidate.units) or 0.0
             cost, how = estimate, f"compiling costs ~{estimate:.1f} s"
             if self._in_background(candidate.region, candidate.units)[0]:

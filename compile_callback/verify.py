@@ -108,8 +108,9 @@ def _generator_states(devices: Sequence[int]) -> list[torch.Tensor]:
 
 
 def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-         take_outputs: Callable[[list[torch.Tensor]], None]) -> _Run:
-    """One forward and backward of ``module``: ``take_outputs`` gets the floating outputs (detached)
+         take_outputs: Callable[[list[torch.Tensor]], None], *, state: dict[str, torch.Tensor] | None = None) -> _Run:
+    """One forward and backward of ``module`` (with ``state``, its parameters and buffers by name, in their
+    stead: :func:`torch.func.functional_call`): ``take_outputs`` gets the floating outputs (detached)
     before the backward, which then runs with no other reference to them, as in training (a model's
     logits are freed once its loss is computed: GPT-2's are 1.6 GB).
 
@@ -120,7 +121,13 @@ def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     torch.manual_seed(_SEED)
     devices = cuda_devices(module)
     before = _generator_states(devices)
-    output = module(*args, **kwargs)
+    if state is None:
+        output = module(*args, **kwargs)
+        parameters = [p for p in module.parameters() if p.requires_grad]
+    else:
+        output = torch.func.functional_call(module, state, args, kwargs)
+        names = {name for name, _ in module.named_parameters()}
+        parameters = [t for name, t in state.items() if name in names and t.requires_grad]
     drew = any(not torch.equal(a, b) for a, b in zip(before, _generator_states(devices)))
     outputs = [t for t in torch_internals.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     count = len(outputs)
@@ -130,8 +137,8 @@ def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     seeds = [t for t in differentiable if t.numel() == 1] or differentiable
     take_outputs([_local(t.detach()) for t in outputs])
     del output, outputs, differentiable
-    wrt = [p for p in module.parameters() if p.requires_grad]
-    wrt += [t for t in torch_internals.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+    wrt = parameters + [t for t in torch_internals.tree_leaves((args, kwargs))
+                        if isinstance(t, torch.Tensor) and t.requires_grad]
     grads: list[torch.Tensor] = []
     if seeds and wrt:
         generator = torch.Generator(device=seeds[0].device).manual_seed(_SEED)
@@ -364,23 +371,17 @@ def _hf_cache_in(value: Any) -> str | None:
     return kind.__name__ if kind.__module__.startswith("transformers.cache_utils") else None
 
 
-@contextlib.contextmanager
-def in_float64(module: nn.Module) -> Iterator[None]:
-    """``module``'s floating parameters and buffers in float64 inside the block (each tensor keeps its
-    identity: only its ``data`` is swapped), their own data back afterwards."""
-    if any(isinstance(t, DTensor) for t in (*module.parameters(), *module.buffers())):
-        raise _NoFloat64("its parameters are sharded (DTensor)")
-    saved = []
-    try:
-        with torch.no_grad():
-            for tensor in (*module.parameters(), *module.buffers()):
-                if tensor.is_floating_point() and tensor.dtype != torch.float64:
-                    saved.append((tensor, tensor.data))
-                    tensor.data = tensor.data.to(torch.float64)
-        yield
-    finally:
-        for tensor, data in saved:
-            tensor.data = data
+def float64_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Float64 copies of ``module``'s floating parameters and buffers, by name, for
+    :func:`torch.func.functional_call`: the module's own tensors are never touched (swapping a parameter's
+    ``data`` to another dtype would drop its gradient accumulator, and the hooks on it: DDP's all-reduce)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        if isinstance(tensor, DTensor):
+            raise _NoFloat64("its parameters are sharded (DTensor)")
+        if tensor.is_floating_point():
+            state[name] = tensor.detach().to(torch.float64).requires_grad_(tensor.requires_grad)
+    return state
 
 
 class _NoFloat64(Exception):
@@ -436,12 +437,12 @@ def _verify_module(
                 stack.enter_context(lean_reference(device))
             try:
                 if kind == "reference float64":
-                    stack.enter_context(in_float64(module))
+                    state = float64_state(module)
                     stack.callback(torch.set_default_dtype, torch.get_default_dtype())
                     torch.set_default_dtype(torch.float64)
                     if random:  # the float32 run's numbers, widened (a generator draws others in float64)
                         stack.enter_context(torch_internals.random_draws_in_float32())
-                    return _run(module, *torch_internals.tree_map(_widened, (args, kwargs)), take_outputs)
+                    return _run(module, *torch_internals.tree_map(_widened, (args, kwargs)), take_outputs, state=state)
                 return _run(module, args, kwargs, take_outputs)
             finally:
                 with torch.no_grad():

@@ -75,6 +75,7 @@ _KIND_NOTES = {
 }
 
 SHAPE = "shape"
+BACKEND_MATCH = "BACKEND_MATCH"  # dynamo's guard on the backend a frame was compiled with
 PYTHON_VALUE = "python value"
 OTHER = "other"
 
@@ -162,6 +163,9 @@ class RegionCompileStats:
     graph_break_kinds: Counter = dataclasses.field(default_factory=Counter)
     recompile_reasons: Counter = dataclasses.field(default_factory=Counter)
     compile_errors: list[str] = dataclasses.field(default_factory=list)
+    # Recompiles the callback caused itself by compiling the region's code again with another mode or backend
+    # (a trial after a trial): dynamo's BACKEND_MATCH guard. Never churn, never in ``recompiles``.
+    retry_recompiles: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -358,6 +362,8 @@ class CompileWatch:
                 twin = self.stats[region if is_twin(region) else twin_of(region)]
                 twin.recompiles += 1
                 twin.recompile_reasons[readable_guard_failure(record.recompile_reason)] += 1
+            elif record.recompile_reason and record.is_forward and BACKEND_MATCH in record.recompile_reason:
+                stats.retry_recompiles += 1
             elif record.recompile_reason and record.is_forward:
                 kind, reason = classify_guard_failure(record.recompile_reason)
                 stats.recompiles += 1

@@ -334,3 +334,21 @@ def seeded_fit(tmp_path, callbacks, model: L.LightningModule, *, seed: int, max_
     trainer = make_trainer(tmp_path, callbacks + [record], max_epochs=max_epochs, **trainer_kwargs)
     trainer.fit(model, loader(batch_size=8, shuffle=False))
     return record.losses, model, trainer
+
+
+# A long planned run: the planner prices every trial against the batches the Trainer plans (a short run's
+# could not repay an Inductor compile, and its candidates are skipped); StopWhenPlanned ends it early.
+PLANNED = dict(max_steps=100_000, max_epochs=-1, limit_val_batches=0)
+
+
+class StopWhenPlanned(L.Callback):
+    """Ends a long planned run ``after`` batches once the plan is frozen, as early stopping or a time limit
+    would: the planner prices its trials against the planned batches, the test need not run them."""
+
+    def __init__(self, callback, after: int = 0) -> None:
+        self.callback, self.after = callback, after
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.callback.run is not None and self.callback.run.planner.frozen:
+            self.after -= 1
+            trainer.should_stop = self.after < 0

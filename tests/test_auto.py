@@ -550,3 +550,31 @@ def test_self_model_kept_as_the_whole_model_ends_the_search(tmp_path):
     report = callback.last_report
     assert [(d["region"], d["kept"]) for d in report["decisions"]] == [("self.model", True)], report["decisions"]
     assert report["plan"]["coverage"] == 1.0, report["plan"]
+
+
+def test_a_numerics_failure_is_not_paid_for_again_in_another_mode_and_its_compile_is_reported(tmp_path, monkeypatch):
+    """A launch-bound step tries the whole model with CUDA graphs first, then in default mode. The modes share
+    Inductor's kernels, so a whole model whose numerics differ in one differs in the other: it is not compiled
+    a second time, a note says why, and the rejected decision carries the seconds its compile took."""
+    from compile_callback import planner as planner_module
+    from compile_callback.planner import AutoPlanner
+    from tests.conftest import PLANNED, StopWhenPlanned
+
+    real = planner_module.verify_module
+
+    def planted(*args, **kwargs):  # the real verification, then a planted mismatch in the output
+        result = real(*args, **kwargs)
+        return type(result)(False, 0.5, result.tolerance, "output: planted mismatch", seconds=result.seconds)
+
+    monkeypatch.setattr(planner_module, "verify_module", planted)
+    monkeypatch.setattr(AutoPlanner, "_graphs_first", lambda self: True)  # as on a launch-bound GPU step
+    callback = CompileCallback(eager_baseline_steps=2, warmup_steps=1, trial_steps=3, max_trials=2, anatomy=False,
+                               background_compile=False)
+    trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], **PLANNED)
+    trainer.fit(TinyModel(depth=2), loader(batch_size=8))
+    report = callback.last_report
+    whole = [d for d in report["decisions"] if d["region"] == "model"]
+    assert [d["mode"] for d in whole] == ["reduce-overhead"] and whole[0]["verified"] is False, report["decisions"]
+    assert whole[0]["compile_seconds"] and whole[0]["compile_seconds"] > 0, whole
+    assert any(n.startswith("`model` not tried in default mode: its numerics differed") for n in report["plan"]["notes"])
+    assert report["summary"]["recompiles"] == 0, report["summary"]

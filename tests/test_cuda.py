@@ -3,6 +3,8 @@
 Skipped without an NVIDIA GPU (see conftest); run on the GPU machine with ``pytest -m cuda``.
 """
 
+import gc
+
 import lightning as L
 import pytest
 import torch
@@ -422,3 +424,60 @@ def test_the_childs_payload_carries_gpu_tensors_as_bytes_with_their_layout():
     assert_same_state(net, copy)  # on the GPU again, with its strides and values
     assert copy.head.weight is copy.embed.weight
     assert images_copy.stride() == images.stride() and torch.equal(images_copy.cuda(), images)
+
+
+class DropPathBlock(nn.Module):
+    """timm's stochastic depth as users write it: a ``bernoulli_`` mask per sample, no ``nn.Dropout``."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x):
+        keep = x.new_empty(x.shape[0], 1).bernoulli_(0.9)
+        return x + torch.relu(self.linear(x)) * keep / 0.9
+
+
+def test_stochastic_depth_on_cuda_is_verified_under_the_same_random_numbers():
+    """On CUDA, Inductor's Philox draws differ from eager's: a region drawing random numbers is compared on a
+    twin compiled with ``fallback_random``, found by the draws themselves, whatever module makes them."""
+    from compile_callback.verify import verify_module
+
+    torch.manual_seed(0)
+    module = nn.Sequential(*[DropPathBlock() for _ in range(4)], nn.Linear(256, 8)).cuda()
+    module.compile()
+    x = torch.randn(64, 256, device="cuda")
+    result = verify_module(module, (x,), {}, context=lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    assert result.passed and result.random, result
+    assert "every tensor within" in result.where, result.where  # drawn alike: close to eager, no reference needed
+
+
+def test_a_cuda_graph_plans_memory_is_its_pool_and_tensors_as_model_compile_peaks(tmp_path):
+    """Under CUDA graphs the step's intermediates live in the graph's pool, which the allocated counters show
+    only in part: ``compile/memory/plan_peak_gb`` adds the pool's free bytes, and lands near the peak of the
+    same model under ``model.compile(mode="reduce-overhead")`` in a plain loop, never far below it."""
+    callback = CompileCallback(eager_baseline_steps=10, warmup_steps=3, trial_steps=15, mode="reduce-overhead",
+                               regions="model")
+    model = ManySmallOps()
+    trainer = make_trainer(tmp_path, [callback], accelerator="cuda", max_steps=60, max_epochs=-1)
+    trainer.fit(model, loader(batch_size=256))
+    plan_gb = callback.run.metrics()["compile/memory/plan_peak_gb"]
+    kept = [d for d in callback.last_report["decisions"] if d["kept"]]
+    del callback, model, trainer
+    gc.collect()
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+    plain = ManySmallOps().cuda()
+    plain.compile(mode="reduce-overhead")
+    optimizer = plain.configure_optimizers()
+    x = torch.randn(256, 8, device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(8):  # warm-up, recording, replays: its whole peak, as a user's card must hold it
+        plain.training_step((x, None), 0).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    plain_gb = torch.cuda.max_memory_allocated() / 2**30
+    assert kept and plan_gb is not None, (kept, plan_gb)
+    assert 0.8 * plain_gb <= plan_gb <= 1.5 * plain_gb, (plan_gb, plain_gb)

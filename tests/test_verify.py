@@ -345,19 +345,26 @@ def _one_gradient(factor: float):
 
 
 class _Classifier(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, drop_path: bool = False):
         super().__init__()
         self.first = torch.nn.Linear(8, 64)  # the largest gradient: first.weight
         self.second = torch.nn.Linear(64, 4)
+        self.drop_path = drop_path
 
     def forward(self, x, y):
-        return torch.nn.functional.cross_entropy(self.second(torch.relu(self.first(x))), y)
+        hidden = torch.relu(self.first(x))
+        if self.drop_path:  # per-sample stochastic depth: the float64 reference must draw the same mask
+            hidden = hidden * torch.bernoulli(torch.full((x.shape[0], 1), 0.5)) * 2
+        return torch.nn.functional.cross_entropy(self.second(hidden), y)
 
 
-@pytest.mark.parametrize(("factor", "precision"), [(1.01, None), (-1.0, None), (-1.0, torch.bfloat16)])
-def test_a_planted_error_in_one_gradient_is_rejected_with_the_tensor_named(factor, precision):
+@pytest.mark.parametrize(("factor", "precision", "drop_path"),
+                         [(1.01, None, False), (-1.0, None, False), (-1.0, torch.bfloat16, False), (1.01, None, True)])
+def test_a_planted_error_in_one_gradient_is_rejected_with_the_tensor_named(factor, precision, drop_path):
     """1% off in fp32, or a wrong sign, in fp32 and under bf16 autocast: past eager's own error against the
-    float64 reference, named; the same backend unperturbed passes."""
+    float64 reference, named; the same backend unperturbed passes. In a region that draws random numbers
+    the reference draws eager's (a reference with other draws would be far from both, and pass anything)."""
+    from compile_callback.regions import CompileOptions
     from compile_callback.verify import verify_module
 
     def context():
@@ -366,10 +373,12 @@ def test_a_planted_error_in_one_gradient_is_rejected_with_the_tensor_named(facto
     for planted, passes in ((factor, False), (1.0, True)):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        module = _Classifier()
-        module.compile(backend=_one_gradient(planted))
+        module = _Classifier(drop_path)
+        options = CompileOptions(backend=_one_gradient(planted))
+        module.compile(**options.as_kwargs())
         x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
-        result = verify_module(module, (x, y), {}, context=context)
+        result = verify_module(module, (x, y), {}, context=context, options=options)
+        assert result.random == drop_path, result
         assert result.passed == passes, (planted, result)
         if not passes:
             assert result.where.startswith("grad of first.weight: RMSE against the reference"), result.where

@@ -187,3 +187,20 @@ def test_graph_break_kinds_survive_a_checkpoint_and_old_ones_load():
     old = {key: value for key, value in stats.as_dict().items() if key != "graph_break_kinds"}
     loaded = RegionCompileStats.from_dict(old)  # written before kinds were kept
     assert loaded.graph_breaks == 3 and dict(loaded.graph_break_kinds) == {UNCLASSIFIED: 3}
+
+
+def test_a_recompile_for_another_backend_is_the_callbacks_retry_not_the_models_churn():
+    """A region compiled again with another backend or mode (the planner's next trial of the same code) fails
+    dynamo's BACKEND_MATCH guard: dynamo's recompile, counted apart as a retry, never in ``recompiles``."""
+    model = TinyModel()
+    regions = resolve_regions(model, ["head"])
+    watch = _watch(model, regions)
+    x = torch.randn(4, 8)
+    compile_region(regions[0], CompileOptions(backend="eager"))
+    model(x)
+    compile_region(regions[0], CompileOptions(backend="aot_eager"))
+    model(x)
+    watch.collect()
+    stats = watch.stats["head"]
+    assert stats.retry_recompiles == 1 and stats.recompiles == 0 and not watch.recompiles, stats
+    assert sum(len(r) for r in dynamo_utils.guard_failures.values()) >= 1  # dynamo saw a recompile
