@@ -17,6 +17,24 @@ One command per workload on the H200 (each fits a 10-minute limit, compiling col
     python -m benchmarks --workload resnet18_cifar --variants whole_ro callback
     python -m benchmarks --smoke                              # every workload, tiny, on CPU (~2 min)
 
+The zoo (named runs only; workloads.py lists its models), eager / whole / whole_ro / callback / eager_end each,
+~3-5 min a workload on one H100 (an estimate from resnet50's, timm_vit's, hf_gpt2's and hf_bert_mlm's runs:
+three compiles of 30-90 s each dominate), so two workloads fit a 10-minute command:
+
+    python -m benchmarks --workload zoo_vit_b        # timm vit_base_patch16_224, drop path 0.1, B64
+    python -m benchmarks --workload zoo_convnext_t   # timm convnext_tiny, drop path 0.1, B64, channels_last
+    python -m benchmarks --workload zoo_regnety_016  # timm regnety_016, B128, channels_last
+    python -m benchmarks --workload zoo_resnet50     # resnet50's model and batches
+    python -m benchmarks --workload zoo_llama        # HF LlamaForCausalLM 134M (12 x 768), B8 x 1024
+    python -m benchmarks --workload zoo_lora         # zoo_llama under PEFT LoRA r=16 (q_proj, v_proj), base frozen
+    python -m benchmarks --workload zoo_bart         # HF BartForConditionalGeneration at bart-base's sizes, B16, 256 + 256 tokens
+    python -m benchmarks --workload zoo_bert         # hf_bert_mlm's model and batches
+    python -m benchmarks --workload zoo --smoke      # every zoo workload, tiny, on CPU (~1 min a workload on 2 cores)
+
+``--workload zoo`` runs every zoo workload in one process, one result file each; at real sizes that is
+longer than one command may run. zoo_lora needs peft and what it imports (accelerate,
+psutil), which the GPU machine lacks: their wheels go with the omegaconf one.
+
 Writes ``<out>/<workload>-<date>.json`` (one record per variant; rewritten after each variant, so a
 run cut short keeps what it measured) and ``.md`` (the table), and prints the table.
 ``python -m benchmarks.table benchmarks/results/*.json`` renders BENCHMARKS.md from them.
@@ -51,6 +69,7 @@ from benchmarks.workloads import (
     SMOKE_VARIANTS,
     VARLEN_LENGTHS,
     WORKLOADS,
+    ZOO_WORKLOADS,
     Workload,
     make_workload,
 )
@@ -58,6 +77,8 @@ from benchmarks.workloads import (
 DEFAULT_OUT = os.path.join("benchmarks", "results")
 SMOKE_OUT = os.path.join(DEFAULT_OUT, "smoke")  # not kept in git: smoke numbers are no measurement
 ALL = "all"
+ZOO = "zoo"
+WORKLOAD_GROUPS = {ALL: ALL_WORKLOADS, ZOO: ZOO_WORKLOADS}  # --workload names that run several, in this order
 COMPILE_CACHES = {  # --compile-caches, as the results' settings say it
     "off": "disabled: every variant compiles cold",
     "fresh": "on, an empty cache folder for each variant: cold, and the callback's background compile on where it pays",
@@ -72,9 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "dynamo's counts.",
     )
     parser.add_argument(
-        "--workload", choices=(*WORKLOADS, ALL), default=ALL,
-        help="which workload (default: all of them but the product checks (hf_bert_mlm, hf_gpt2_direct), one after another; on a "
-        "GPU run one per command).",
+        "--workload", choices=(*WORKLOADS, *WORKLOAD_GROUPS), default=ALL,
+        help="which workload (default: all of them but the product checks (hf_bert_mlm, hf_gpt2_direct) and the zoo, "
+        "one after another; on a GPU run one per command); 'zoo': every zoo_* workload, one after another.",
     )
     parser.add_argument(
         "--variants", nargs="+", metavar="VARIANT",
@@ -370,7 +391,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT)
     os.makedirs(out, exist_ok=True)
-    workloads = list(ALL_WORKLOADS) if args.workload == ALL else [args.workload]
+    workloads = list(WORKLOAD_GROUPS.get(args.workload, (args.workload,)))
     plans = []
     try:  # every selection checked before anything runs
         for workload_name in workloads:

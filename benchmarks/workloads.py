@@ -13,9 +13,25 @@
   30522, dropout 0.1), batch 32 x 512, 15% of positions labelled (the rest -100), loss from ``labels=``:
   issue 20's masked-LM encoder whose kept plan reported a 107% error.
 
-The last two are third-party models wrapped the way users wrap them (``self.model = <model>``, a
+The zoo (SPEC.md's "any model, including third-party ones"), at real sizes, each with its library's
+default training settings (dropout, drop path, attention implementation as a user gets them):
+
+- ``zoo_vit_b``: timm ``vit_base_patch16_224``, ``drop_path_rate=0.1``, batch 64, 224x224, NCHW.
+- ``zoo_convnext_t``: timm ``convnext_tiny``, ``drop_path_rate=0.1``, batch 64, 224x224, channels_last.
+- ``zoo_regnety_016``: timm ``regnety_016``, batch 128, 224x224, channels_last.
+- ``zoo_llama``: Hugging Face ``LlamaForCausalLM``, 12 x 768 (heads 12, MLP 2048, vocabulary 32000;
+  134M parameters, the head untied), batch 8 x 1024, loss from ``labels=``.
+- ``zoo_bart``: Hugging Face ``BartForConditionalGeneration`` at bart-base's sizes (768 wide, 6 + 6
+  layers, vocabulary 50265; the rest ``BartConfig()``'s defaults), batch 16, source and target 256
+  tokens, loss from ``labels=`` (the decoder's inputs are the labels shifted right).
+- ``zoo_bert``: ``hf_bert_mlm``'s model and batches.
+- ``zoo_lora``: ``zoo_llama``'s model under PEFT LoRA (``r=16`` on ``q_proj``/``v_proj``, the rest
+  ``LoraConfig()``'s defaults), the base weights frozen, batch 8 x 1024.
+- ``zoo_resnet50``: ``resnet50``'s model and batches.
+
+The third-party models are wrapped the way users wrap them (``self.model = <model>``, a
 ``forward(x, y)`` that returns the loss), built from config objects: nothing is downloaded, and
-transformers/timm are imported only when their workload is built.
+transformers/timm/peft are imported only when their workload is built.
 
 ``smoke=True`` shrinks each to a size a 2-core CPU runs in seconds (same code paths, tiny shapes).
 The fixed-shape workloads draw from a small pool of batches made once on the device, so the data is
@@ -74,11 +90,20 @@ VARIANTS = {
     # whole_ro_fr (asked for by name): the plan as the callback's verification compiles a model with dropout.
     "hf_bert_mlm": (*FIXED_VARIANTS[:4], "whole_ro_fr", *FIXED_VARIANTS[4:], "eager_end"),
 }
+# The zoo: the SPEC's "any model" targets are held against model.compile() in both modes, and eager_end
+# tells the host's drift over the run. Per-block compile and the plain loop are left to the workloads above.
+ZOO_VARIANTS = ("eager", "whole", "whole_ro", "callback", "eager_end")
+ZOO_WORKLOADS = (
+    "zoo_vit_b", "zoo_convnext_t", "zoo_regnety_016", "zoo_resnet50", "zoo_llama", "zoo_lora", "zoo_bart", "zoo_bert",
+)
+VARIANTS.update({name: ZOO_VARIANTS for name in ZOO_WORKLOADS})
 WORKLOADS = tuple(VARIANTS)
 # Run only when named (--workload): further third-party models that check the product, beyond
 # BENCHMARKING.md's list; not in `--workload all` or the smoke run (their code paths are hf_gpt2's).
 CHECK_WORKLOADS = ("hf_bert_mlm", "hf_gpt2_direct")
-ALL_WORKLOADS = tuple(name for name in WORKLOADS if name not in CHECK_WORKLOADS)
+# The zoo runs when named, one workload or all of them (`--workload zoo`, `--smoke` for the tiny ones):
+# at real sizes it is several GPU calls of its own.
+ALL_WORKLOADS = tuple(name for name in WORKLOADS if name not in CHECK_WORKLOADS and name not in ZOO_WORKLOADS)
 # What --smoke runs (the harness's own test, in `make test`): every variant on at least one workload,
 # and every workload's model through eager, the callback and eager_end. ResNet-50's smoke model is
 # ResNet-18 CIFAR's, and the third-party workloads' compiles are the whole-model compiles the others
@@ -97,6 +122,9 @@ SMOKE_VARIANTS = {
     "hf_gpt2_direct": ("eager", "callback", "eager_end"),
     "timm_vit": ("eager", "callback", "eager_end"),
     "hf_bert_mlm": ("eager", "callback", "eager_end"),
+    # The zoo's smoke run: each model captured whole and through the callback; whole_ro's smoke compile is
+    # whole's (the smoke backend has no CUDA graphs).
+    **{name: ("eager", "whole", "callback", "eager_end") for name in ZOO_WORKLOADS},
 }
 # What runs without --variants, where all of them would not fit a 10-minute command on the H200: the
 # variable-length workload's no-padding compile alone takes ~165 s (148 s compiling); the plain loop and
@@ -290,7 +318,9 @@ class WrappedModel(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         fused = next(self.parameters()).device.type == "cuda"
-        return torch.optim.AdamW(self.parameters(), lr=self.lr, fused=fused)
+        # The trainable parameters, as users pass them: a frozen base (LoRA) holds no optimizer state.
+        trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        return torch.optim.AdamW(trainable, lr=self.lr, fused=fused)
 
 
 class DirectWrappedModel(WrappedModel):
@@ -316,6 +346,12 @@ def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tens
 
 def masked_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """A Hugging Face masked LM's own loss over the labelled positions (``labels`` -100 elsewhere)."""
+    return model(input_ids=input_ids, labels=labels).loss
+
+
+def seq2seq_lm_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face encoder-decoder's own loss: ``input_ids`` is the source, and the decoder reads
+    ``labels`` shifted right by one (``decoder_start_token_id`` first), as the model makes them itself."""
     return model(input_ids=input_ids, labels=labels).loss
 
 
@@ -360,13 +396,25 @@ def gpt_blocks(module: nn.Module) -> list[nn.Module]:
 
 def gpt_flops_per_token(module: nn.Module, *, n_layer: int, n_embd: int, seq_len: int) -> float:
     """nanoGPT's ``estimate_mfu``: 6N (N without position embeddings) + attention 12 * L * C * T."""
+    return decoder_flops_per_token(
+        module, lookups=(module.transformer.wpe,), n_layer=n_layer, n_embd=n_embd, seq_len=seq_len
+    )
+
+
+def decoder_flops_per_token(
+    module: nn.Module, *, lookups: Sequence[nn.Module], n_layer: int, n_embd: int, seq_len: int
+) -> float:
+    """A decoder's training FLOPs per token as nanoGPT's ``estimate_mfu`` counts them: 6N + attention
+    12 * L * C * T, where N leaves out the embeddings in ``lookups`` (a lookup multiplies nothing; a
+    weight tied to the head is counted by the head)."""
     seen: set[int] = set()
     parameters = 0
-    for parameter in module.parameters():  # the tied embedding/head weight counts once
+    for parameter in module.parameters():  # a tied embedding/head weight counts once
         if id(parameter) not in seen:
             seen.add(id(parameter))
             parameters += parameter.numel()
-    parameters -= module.transformer.wpe.weight.numel()
+    for lookup in lookups:
+        parameters -= lookup.weight.numel()
     return 6 * parameters + 12 * n_layer * n_embd * seq_len
 
 
@@ -564,7 +612,8 @@ def _hf_gpt2_workload(*, smoke: bool, device: torch.device, seed: int, direct: b
     )
 
 
-def _hf_bert_mlm_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+def _hf_bert_mlm_workload(name: str, *, smoke: bool, device: torch.device, seed: int) -> Workload:
+    """HF BERT masked LM: the check workload ``hf_bert_mlm``, and the zoo's ``zoo_bert``."""
     from transformers import BertConfig, BertForMaskedLM  # imported here: only this workload needs it
 
     if smoke:
@@ -589,13 +638,13 @@ def _hf_bert_mlm_workload(*, smoke: bool, device: torch.device, seed: int) -> Wo
         return WrappedModel(BertForMaskedLM(config), loss=masked_lm_loss, inputs=("input_ids", "labels"))
 
     return Workload(
-        name="hf_bert_mlm",
+        name=name,
         description=(
             f"Hugging Face BertForMaskedLM {config.num_hidden_layers}x{config.hidden_size} (heads "
             f"{config.num_attention_heads}), batch {batch_size} x {seq_len} random tokens, 15% labelled, vocabulary "
             f"{vocab}, dropout {config.hidden_dropout_prob}, loss from labels="
         ),
-        variants=VARIANTS["hf_bert_mlm"],
+        variants=VARIANTS[name],
         build_module=build_module,
         train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
         loss=wrapped_loss,
@@ -606,35 +655,221 @@ def _hf_bert_mlm_workload(*, smoke: bool, device: torch.device, seed: int) -> Wo
     )
 
 
-def _timm_vit_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
-    import timm  # imported here: only this workload needs it
+def _timm_workload(
+    name: str,
+    *,
+    arch: str,
+    batch_size: int,
+    options: dict[str, Any],
+    smoke_overrides: dict[str, Any],
+    channels_last: bool,
+    blocks: Callable[[nn.Module], list[nn.Module]],
+    smoke: bool,
+    device: torch.device,
+    seed: int,
+) -> Workload:
+    """A timm classifier from ``timm.create_model(arch, pretrained=False, **options)``, 1000 classes at
+    224x224; ``smoke``: the same model class shrunk by ``smoke_overrides``, 10 classes at 32x32, batch 4.
 
-    arch = "vit_base_patch16_224"
-    if smoke:  # the same model class, 2 blocks of width 64 on 32x32 images
-        batch_size, size, num_classes = 4, 32, 10
-        overrides: dict[str, Any] = dict(depth=2, embed_dim=64, num_heads=4, img_size=size, patch_size=8)
+    Args:
+        options: ``create_model``'s training settings (``drop_path_rate``), shown in the description.
+        smoke_overrides: the architecture's own arguments that shrink it (depth, width).
+        channels_last: the model and the images in channels_last, as a convnet is trained fast; a ViT keeps
+            timm's NCHW (its patch embedding is its only convolution).
+        blocks: the repeated blocks of the LightningModule (``module.model`` is the timm model).
+    """
+    import timm  # imported here: only the timm workloads need it
+
+    if smoke:
+        batch_size, size, num_classes, overrides = 4, 32, 10, {**options, **smoke_overrides}
     else:
-        batch_size, size, num_classes, overrides = 64, 224, 1000, {}
+        size, num_classes, overrides = 224, 1000, dict(options)
 
     def build_module() -> L.LightningModule:
         model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **overrides)
-        return WrappedModel(model, loss=image_classifier_loss, inputs=("images", "labels"))
+        module = WrappedModel(model, loss=image_classifier_loss, inputs=("images", "labels"))
+        return module.to(memory_format=torch.channels_last) if channels_last else module
 
-    # NCHW, timm's default: a user's ViT gets no channels_last (its patch embedding is one convolution).
     batches = _image_batches(
-        batch_size=batch_size, size=size, num_classes=num_classes, device=device, seed=seed, channels_last=False
+        batch_size=batch_size, size=size, num_classes=num_classes, device=device, seed=seed, channels_last=channels_last
     )
     shape = ", ".join(f"{key}={value}" for key, value in overrides.items())
     return Workload(
-        name="timm_vit",
-        description=f"timm {arch}{f' ({shape})' if shape else ''}, batch {batch_size}, {size}x{size}, {num_classes} classes",
-        variants=VARIANTS["timm_vit"],
+        name=name,
+        description=(
+            f"timm {arch}{f' ({shape})' if shape else ''}, batch {batch_size}, {size}x{size}, {num_classes} classes"
+            + (", channels_last" if channels_last else "")
+        ),
+        variants=VARIANTS[name],
         build_module=build_module,
         train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
         loss=wrapped_loss,
-        blocks=lambda module: list(module.model.blocks),
+        blocks=blocks,
         optimizer=classifier_optimizer,
         batch_size=batch_size,
+    )
+
+
+def _vit_blocks(module: nn.Module) -> list[nn.Module]:
+    return list(module.model.blocks)
+
+
+def _convnext_blocks(module: nn.Module) -> list[nn.Module]:
+    return [block for stage in module.model.stages for block in stage.blocks]
+
+
+def _regnet_blocks(module: nn.Module) -> list[nn.Module]:
+    return [block for stage in ("s1", "s2", "s3", "s4") for block in getattr(module.model, stage).children()]
+
+
+def _timm_vit_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+    """``timm_vit``: timm's ViT-B/16 with ``create_model``'s defaults (no drop path)."""
+    return _timm_workload(
+        "timm_vit", arch="vit_base_patch16_224", batch_size=64, options={},
+        # The same model class, 2 blocks of width 64 on 32x32 images.
+        smoke_overrides=dict(depth=2, embed_dim=64, num_heads=4, img_size=32, patch_size=8),
+        channels_last=False, blocks=_vit_blocks, smoke=smoke, device=device, seed=seed,
+    )
+
+
+# The zoo's timm models: drop path at 0.1 where timm's training recipes for the model set it (ViT-B and
+# ConvNeXt-T); RegNetY has none in timm's defaults. Smoke sizes keep each model class and its block type.
+ZOO_TIMM = {
+    "zoo_vit_b": dict(
+        arch="vit_base_patch16_224", batch_size=64, options=dict(drop_path_rate=0.1),
+        smoke_overrides=dict(depth=2, embed_dim=64, num_heads=4, img_size=32, patch_size=8),
+        channels_last=False, blocks=_vit_blocks,
+    ),
+    "zoo_convnext_t": dict(
+        arch="convnext_tiny", batch_size=64, options=dict(drop_path_rate=0.1),
+        smoke_overrides=dict(depths=(1, 1, 1, 1), dims=(16, 32, 64, 128)),
+        channels_last=True, blocks=_convnext_blocks,
+    ),
+    "zoo_regnety_016": dict(
+        # Smoke: 6 blocks over the 4 stages (1, 1, 3, 1), 8 to 64 channels.
+        arch="regnety_016", batch_size=128, options={},
+        smoke_overrides=dict(depth=6, w0=8, wa=8.0, wm=2.0, group_size=8, stem_width=16),
+        channels_last=True, blocks=_regnet_blocks,
+    ),
+}
+
+
+def _token_batches(
+    *, batch_size: int, seq_len: int, vocab: int, device: torch.device, seed: int, target_len: int | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """Random-token batches of ``input_ids`` and ``labels``: a causal LM's labels are a copy of its inputs
+    (the model shifts them itself; one tensor passed as both would be a guard on their aliasing, which any
+    copy of the batch breaks); an encoder-decoder's (``target_len``) are a target of their own."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(POOL_BATCHES):
+        tokens = torch.randint(vocab, (batch_size, seq_len), generator=generator)
+        if target_len is None:
+            labels = tokens.clone()
+        else:
+            labels = torch.randint(vocab, (batch_size, target_len), generator=generator)
+        batches.append({"input_ids": tokens.to(device), "labels": labels.to(device)})
+    return batches
+
+
+def _llama_workload(name: str, *, lora: bool, smoke: bool, device: torch.device, seed: int) -> Workload:
+    """``zoo_llama``: HF Llama from a ``LlamaConfig`` of GPT-2-small's size; ``zoo_lora``: the same model
+    under PEFT LoRA, the base weights frozen, as a fine-tune trains it."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # imported here: only the HF workloads need it
+
+    if smoke:
+        batch_size, seq_len, config = 4, 64, LlamaConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=256
+        )
+    else:
+        # The rest LlamaConfig()'s: no dropout, SiLU MLP, RMSNorm, RoPE, an untied head, SDPA attention, and
+        # use_cache=True, with which the model builds a key/value cache in every training forward too.
+        batch_size, seq_len, config = 8, 1024, LlamaConfig(
+            hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=2048, vocab_size=32000
+        )
+    batches = _token_batches(batch_size=batch_size, seq_len=seq_len, vocab=config.vocab_size, device=device, seed=seed)
+
+    def build_module() -> L.LightningModule:
+        model = LlamaForCausalLM(config)
+        if lora:
+            from peft import LoraConfig, get_peft_model  # imported here: only zoo_lora needs it
+
+            # r=16 on the attention's query and value projections; alpha 8 and no dropout: LoraConfig's defaults.
+            model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+        return WrappedModel(model, loss=causal_lm_loss, inputs=("input_ids", "labels"))
+
+    def llama_blocks(module: nn.Module) -> list[nn.Module]:
+        model = module.model.get_base_model() if lora else module.model
+        return list(model.model.layers)
+
+    flops = None  # a frozen base has no weight gradients: 6N would overstate LoRA's work
+    if not lora:
+        with torch.device("meta"):  # only the parameter count is needed: no memory, no init
+            model = build_module().model
+            flops = decoder_flops_per_token(
+                model, lookups=(model.model.embed_tokens,), n_layer=config.num_hidden_layers,
+                n_embd=config.hidden_size, seq_len=seq_len,
+            )
+    return Workload(
+        name=name,
+        description=(
+            f"Hugging Face LlamaForCausalLM {config.num_hidden_layers}x{config.hidden_size} (heads "
+            f"{config.num_attention_heads}, MLP {config.intermediate_size})"
+            + (", PEFT LoRA r=16 on q_proj/v_proj, base frozen" if lora else "")
+            + f", batch {batch_size} x {seq_len} random tokens, vocabulary {config.vocab_size}, loss from labels="
+        ),
+        variants=VARIANTS[name],
+        build_module=build_module,
+        train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
+        loss=wrapped_loss,
+        blocks=llama_blocks,
+        optimizer=classifier_optimizer,
+        batch_size=batch_size,
+        count_tokens=count_all_tokens,
+        flops_per_token=flops,
+    )
+
+
+def _bart_workload(*, smoke: bool, device: torch.device, seed: int) -> Workload:
+    """``zoo_bart``: HF BART at bart-base's sizes on random source and target tokens."""
+    from transformers import BartConfig, BartForConditionalGeneration  # imported here: only the HF workloads need it
+
+    if smoke:
+        batch_size, seq_len, config = 4, 32, BartConfig(
+            d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256, max_position_embeddings=64,
+        )
+    else:  # BartConfig()'s own sizes are bart-large's; the rest (dropout 0.1, GELU, a tied head) its defaults
+        batch_size, seq_len, config = 16, 256, BartConfig(
+            d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
+            encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+        )
+    batches = _token_batches(
+        batch_size=batch_size, seq_len=seq_len, vocab=config.vocab_size, device=device, seed=seed, target_len=seq_len
+    )
+
+    def build_module() -> L.LightningModule:
+        return WrappedModel(BartForConditionalGeneration(config), loss=seq2seq_lm_loss, inputs=("input_ids", "labels"))
+
+    def bart_blocks(module: nn.Module) -> list[nn.Module]:
+        bart = module.model.model
+        return [*bart.encoder.layers, *bart.decoder.layers]
+
+    return Workload(
+        name="zoo_bart",
+        description=(
+            f"Hugging Face BartForConditionalGeneration {config.encoder_layers}+{config.decoder_layers} layers x "
+            f"{config.d_model} (heads {config.encoder_attention_heads}), batch {batch_size}, source and target "
+            f"{seq_len} random tokens, vocabulary {config.vocab_size}, dropout {config.dropout}, loss from labels="
+        ),
+        variants=VARIANTS["zoo_bart"],
+        build_module=build_module,
+        train_loader=lambda steps, pad_to_max=False: pool_loader(batches, steps),
+        loss=wrapped_loss,
+        blocks=bart_blocks,
+        optimizer=classifier_optimizer,
+        batch_size=batch_size,
+        count_tokens=count_all_tokens,  # the target's tokens
     )
 
 
@@ -652,9 +887,15 @@ def make_workload(name: str, *, smoke: bool, device: torch.device, seed: int = 0
         return _hf_gpt2_workload(smoke=smoke, device=device, seed=seed, direct=name == "hf_gpt2_direct")
     if name == "timm_vit":
         return _timm_vit_workload(smoke=smoke, device=device, seed=seed)
-    if name == "hf_bert_mlm":
-        return _hf_bert_mlm_workload(smoke=smoke, device=device, seed=seed)
-    if name == "resnet50":
+    if name in ("hf_bert_mlm", "zoo_bert"):
+        return _hf_bert_mlm_workload(name, smoke=smoke, device=device, seed=seed)
+    if name in ZOO_TIMM:
+        return _timm_workload(name, **ZOO_TIMM[name], smoke=smoke, device=device, seed=seed)
+    if name in ("zoo_llama", "zoo_lora"):
+        return _llama_workload(name, lora=name == "zoo_lora", smoke=smoke, device=device, seed=seed)
+    if name == "zoo_bart":
+        return _bart_workload(smoke=smoke, device=device, seed=seed)
+    if name in ("resnet50", "zoo_resnet50"):
         return _resnet_workload(
             name, arch="resnet50", batch_size=128, size=224, num_classes=1000, smoke=smoke, device=device, seed=seed
         )
