@@ -182,8 +182,9 @@ def test_auto_verification_runs_the_compiled_backward_before_training_does(tmp_p
     fault_losses, model, trainer = losses(tmp_path / "fault", [callback])
     assert model.batches_seen == 24 and trainer.global_step == 24
     decisions = callback.last_report["decisions"]
-    assert decisions and all(not d["kept"] for d in decisions)
-    assert all("injected: the compiled backward failed when run" in d["reason"] for d in decisions), decisions
+    tried = [d for d in decisions if not d["reason"].startswith("skipped")]  # the others priced at the compile it took
+    assert tried and all(not d["kept"] for d in decisions)
+    assert all("injected: the compiled backward failed when run" in d["reason"] for d in tried), decisions
     assert fault_losses == pytest.approx(eager_losses, rel=1e-5)
 
 

@@ -6,7 +6,7 @@ from torch._dynamo import register_backend
 
 from compile_callback import CompileCallback, accuracy, torch_internals
 from compile_callback.report import render_markdown
-from tests.conftest import TinyModel, seeded_fit
+from tests.conftest import StopWhenPlanned, TinyModel, seeded_fit
 
 CPU = torch.device("cpu")
 
@@ -225,7 +225,8 @@ def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_
     graphs = _record_inductor_graphs(monkeypatch)
     torch._dynamo.reset()
     callback = CompileCallback(eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1, anatomy=False)
-    losses, model, trainer = seeded_fit(tmp_path, [callback], _WithDropoutAndABreak, seed=5, max_epochs=3)
+    losses, model, trainer = seeded_fit(tmp_path, [callback, StopWhenPlanned(callback, after=4)], _WithDropoutAndABreak,
+                                        seed=5, max_epochs=-1, max_steps=100_000)
     assert model.drop.p == 0.2 and not torch_internals.twin_running()  # dropout back on, no twin left running
     decision = callback.last_report["decisions"][0]
     assert decision["region"] == "model" and decision["max_rel_error"] is not None, decision
@@ -239,7 +240,7 @@ def test_a_region_that_draws_random_numbers_is_verified_on_a_twin_and_trains_on_
     assert regions["model"]["graphs"] >= 1 and regions["model"]["recompiles"] == 0, regions
     twin = regions["model (verification twin)"]
     assert twin["graphs"] == len(twins) and twin["recompiles"] >= 1, regions  # its own graph, below the break
-    assert len(losses) == trainer.global_step == 36
+    assert len(losses) == trainer.global_step == callback.last_report["summary"]["batches"]
     torch._dynamo.reset()
 
 
@@ -411,7 +412,7 @@ def test_a_random_op_outside_dropout_layers_is_verified_under_the_same_random_nu
     graphs = _record_inductor_graphs(monkeypatch)
     callback = CompileCallback(eager_baseline_steps=2, warmup_steps=1, trial_steps=4, max_trials=1, anatomy=False,
                                background_compile=False)
-    seeded_fit(tmp_path, [callback], _DropPathModel, seed=5, max_epochs=2)
+    seeded_fit(tmp_path, [callback, StopWhenPlanned(callback)], _DropPathModel, seed=5, max_epochs=-1, max_steps=100_000)
     decision = callback.last_report["decisions"][0]
     assert decision["region"] == "model" and decision["verified"] is True, decision
     assert decision["max_rel_error"] < 1e-3 and "every tensor within" in decision["error_in"], decision
