@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m recipes $(CONFIG) $(ARGS)
 
+# Two workers: Inductor's CPU compiles (the third-party zoo's above all) fill both cores of a CI machine.
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -n 2 tests
 
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks --smoke

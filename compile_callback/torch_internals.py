@@ -21,7 +21,8 @@ What we read, and why it is the right source:
 - ``torch.utils._pytree``: flattening nested outputs (tuples, dicts, dataclasses) the way torch does.
 - ``torch.utils._python_dispatch.TorchDispatchMode``: :func:`random_draws_in_float32`, so a float64
   reference draws the random numbers a float32 run draws.
-- ``torch._inductor.config.fallback_random`` and ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
+- ``torch._inductor.config.fallback_random``, ``torch._dynamo.config.use_numpy_random_stream`` and
+  ``TORCHINDUCTOR_CACHE_DIR``: see the functions below.
 - ``torch._inductor.list_mode_options``: the options a mode stands for; dynamo's per-code-object cache,
   the globals it puts compiled functions in, and its backend check: :class:`TwinScope`.
 - ``torch._inductor.lowering.fallbacks``: the ops Inductor runs as eager (ATen) kernels inside its
@@ -288,6 +289,15 @@ def fallback_random() -> Iterator[None]:
     import torch._inductor.config as inductor_config
 
     with inductor_config.patch(fallback_random=True):
+        yield
+
+
+@contextmanager
+def numpy_draws_in_numpy() -> Iterator[None]:
+    """Dynamo traces ``np.random`` calls into torch's own random ops unless
+    ``torch._dynamo.config.use_numpy_random_stream``: with it, it breaks the graph there and numpy draws
+    them, as eager does (what code traced inside the block is compiled with)."""
+    with torch._dynamo.config.patch(use_numpy_random_stream=True):
         yield
 
 

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,6 +27,11 @@ from torch import nn
 from compile_callback import accuracy, torch_internals
 from compile_callback.churn import HF_CACHE_FIX
 from compile_callback.regions import CompileOptions
+
+try:
+    import numpy
+except ImportError:  # torch runs without numpy: no numpy generator to keep
+    numpy = None  # type: ignore[assignment]
 
 try:
     from torch.distributed.tensor import DTensor
@@ -101,6 +107,33 @@ class _Run:
     outputs: int
     grads: list[torch.Tensor]
     drew_random: bool
+    drew_numpy: bool = False  # from numpy's global generator, in Python
+
+
+def _seed_host_generators() -> None:
+    """Python's and numpy's global generators seeded too: model code draws from them in Python, where
+    dynamo breaks the graph and runs it eagerly in every run (HF wav2vec2's SpecAugment masks come from
+    ``np.random``), so each run must start them alike."""
+    random.seed(_SEED)
+    if numpy is not None:
+        numpy.random.seed(_SEED)
+
+
+@contextlib.contextmanager
+def host_generators_kept() -> Iterator[None]:
+    """Python's and numpy's global generator states as they were before the block (``fork_rng`` keeps torch's)."""
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def _same_numpy_state(a: Any, b: Any) -> bool:
+    return a[0] == b[0] and a[2:] == b[2:] and bool((a[1] == b[1]).all())
 
 
 def _generator_states(devices: Sequence[int]) -> list[torch.Tensor]:
@@ -119,8 +152,10 @@ def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     timm's ``DropPath``, a ``torch.rand`` mask, SDPA's dropout), so none is missed for not being a
     known layer."""
     torch.manual_seed(_SEED)
+    _seed_host_generators()
     devices = cuda_devices(module)
     before = _generator_states(devices)
+    numpy_before = numpy.random.get_state() if numpy is not None else None
     if state is None:
         output = module(*args, **kwargs)
         parameters = [p for p in module.parameters() if p.requires_grad]
@@ -129,6 +164,7 @@ def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         names = {name for name, _ in module.named_parameters()}
         parameters = [t for name, t in state.items() if name in names and t.requires_grad]
     drew = any(not torch.equal(a, b) for a, b in zip(before, _generator_states(devices)))
+    numpy_drew = numpy is not None and not _same_numpy_state(numpy_before, numpy.random.get_state())
     outputs = [t for t in torch_internals.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     count = len(outputs)
     differentiable = [t for t in outputs if t.requires_grad]
@@ -145,7 +181,7 @@ def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
         weights = [_backward_weights(t, generator) for t in seeds]
         found = torch.autograd.grad(seeds, wrt, grad_outputs=weights, allow_unused=True)
         grads = [_local(g if g is not None else torch.zeros_like(p)) for g, p in zip(found, wrt)]
-    return _Run(count, grads, drew)
+    return _Run(count, grads, drew, numpy_drew)
 
 
 def run_forward_and_backward(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -417,7 +453,8 @@ def _verify_module(
     # the backward, and more (BERT's twin with its dropout on took the fit to 15.6 GB against eager's 12.8).
     # What a twin leaves unchecked, Inductor's own random numbers, no comparison with eager could check.
     dropout = _active_dropout(module)
-    random = bool(dropout)
+    draws = bool(dropout)
+    numpy_draws = False
     scope: torch_internals.TwinScope | None = None
     twin: dict[str, Any] | None = None
 
@@ -425,8 +462,10 @@ def _verify_module(
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.enable_grad())
             if kind == "compiled":
-                if random:
+                if draws:
                     stack.enter_context(torch_internals.fallback_random())
+                if numpy_draws:  # numpy draws them in the compiled run too, as in eager
+                    stack.enter_context(torch_internals.numpy_draws_in_numpy())
                 if scope is not None:
                     stack.enter_context(scope.running(module, **twin))
             else:  # compiled regions inside this one (a plan kept before) run eagerly too
@@ -440,7 +479,7 @@ def _verify_module(
                     state = float64_state(module)
                     stack.callback(torch.set_default_dtype, torch.get_default_dtype())
                     torch.set_default_dtype(torch.float64)
-                    if random:  # the float32 run's numbers, widened (a generator draws others in float64)
+                    if draws:  # the float32 run's numbers, widened (a generator draws others in float64)
                         stack.enter_context(torch_internals.random_draws_in_float32())
                     return _run(module, *torch_internals.tree_map(_widened, (args, kwargs)), take_outputs, state=state)
                 return _run(module, args, kwargs, take_outputs)
@@ -450,7 +489,7 @@ def _verify_module(
                         if name in buffers:
                             buffer.copy_(buffers[name])
 
-    with torch.random.fork_rng(devices=cuda_devices(module)), context(), dropout_off(dropout):
+    with torch.random.fork_rng(devices=cuda_devices(module)), host_generators_kept(), context(), dropout_off(dropout):
         dtype = compute_dtype(module)
         limit = tolerance if tolerance is not None else accuracy.TOLERANCE.get(dtype, 1e-3)
         stage = "eager reference"
@@ -462,8 +501,9 @@ def _verify_module(
             with timed_stage(seconds, "eager", device):
                 eager = run("eager", lambda ts: eager_outputs.extend(_offload(ts)))
                 eager.grads = _offload(eager.grads)
-            random = random or eager.drew_random
-            twin = twin_options(random, options)
+            numpy_draws = eager.drew_numpy
+            draws = draws or eager.drew_random or numpy_draws
+            twin = twin_options(draws, options)
             scope = (twin_scope or torch_internals.TwinScope()) if twin is not None else None
             stage = "compile"
             with timed_stage(seconds, "compiled", device):  # its compile included
@@ -473,7 +513,7 @@ def _verify_module(
         except Exception as error:  # a backend error must revert the region, not end the run
             if stage == "compile":
                 return VerificationResult(False, float("inf"), limit, "compile",
-                                          torch_internals.describe_error(error)[:300], random=random)
+                                          torch_internals.describe_error(error)[:300], random=draws)
             # The held input cannot be replayed eagerly (e.g. HF's DynamicCache, filled by the live step
             # since: "backward through the graph a second time"): unverifiable, so not trusted.
             cache = _hf_cache_in((args, kwargs))
@@ -483,7 +523,7 @@ def _verify_module(
                                       f"the held input could not be replayed eagerly to verify against{fix}: "
                                       f"{torch_internals.describe_error(error)[:300]}")
         if compiled.outputs != eager.outputs or len(compiled.grads) != len(eager.grads):
-            return VerificationResult(False, float("inf"), limit, "output count differs", random=random)
+            return VerificationResult(False, float("inf"), limit, "output count differs", random=draws)
         names = [f"grad of {n}" for n, p in module.named_parameters() if p.requires_grad]
         labels = ["output"] * eager.outputs + [names[i] if i < len(names) else "grad of input"
                                                 for i in range(len(compiled.grads))]
@@ -492,12 +532,12 @@ def _verify_module(
         del compiled
         with timed_stage(seconds, "comparison", device):
             relative = [accuracy.distance(c, e, device).relative for c, e in zip(compiled_all, eager_all)]
+            judged = [i for i, (c, e) in enumerate(zip(compiled_all, eager_all)) if not accuracy.close(c, e, limit, device)]
         worst = max(range(len(relative)), key=lambda i: (relative[i] != relative[i], relative[i]), default=None)
         figure = relative[worst] if worst is not None else 0.0
-        judged = [i for i, error in enumerate(relative) if not error <= limit]
         if not judged:
             where = f"{labels[worst]} (every tensor within {limit:.0e} of eager)" if worst is not None else "output"
-            return VerificationResult(True, figure, limit, where, random=random)
+            return VerificationResult(True, figure, limit, where, random=draws)
         # Some tensor is not close to eager: ask a float64 reference which of the two is off (its
         # activations go to host memory: lean_reference), where one can run; else float32 with autocast
         # off, where the region computes in bf16/fp16.
@@ -519,7 +559,7 @@ def _verify_module(
         if reference is None:
             return VerificationResult(False, figure, limit, f"{labels[judged[0]]}: {relative[judged[0]]:.1e} from eager, "
                                       f"past {limit:.0e}, and no reference could be run to judge it ({why_not})",
-                                      random=random)
+                                      random=draws)
         against = f"a {used} reference" + (f" (float64 could not run: {why_not})" if used == "float32" else "")
     with timed_stage(seconds, "comparison", device):
         checks = accuracy.judge(labels, compiled_all, eager_all, reference_outputs + _offload(reference.grads),
@@ -527,10 +567,10 @@ def _verify_module(
     failed = next((check for check in checks if not check.passed), None)
     if failed is not None:
         return VerificationResult(False, figure, limit, f"{failed.describe()} (PyTorch's accuracy rule, against {against})",
-                                  random=random)
+                                  random=draws)
     closest = max(checks, key=lambda check: check.compiled_rmse / check.bound if check.bound else 0.0)
     return VerificationResult(True, figure, limit, f"{len(checks)} tensor(s) past {limit:.0e} of eager pass PyTorch's "
-                              f"accuracy rule against {against} (closest: {closest.describe()})", random=random)
+                              f"accuracy rule against {against} (closest: {closest.describe()})", random=draws)
 
 
 def _out_of_memory(limit: float, stage: str, error: BaseException) -> VerificationResult:

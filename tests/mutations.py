@@ -1253,8 +1253,8 @@ MUTATIONS = [
     Mutation(
         name="random ops known by dropout layers only",
         path="compile_callback/verify.py",
-        old="            random = random or eager.drew_random\n",
-        new="            random = random\n",
+        old="            draws = draws or eager.drew_random\n",
+        new="            draws = draws\n",
         tests=("tests/test_verify.py::test_a_random_op_outside_dropout_layers_is_verified_under_the_same_random_numbers",),
     ),
     Mutation(
