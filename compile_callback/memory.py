@@ -41,14 +41,12 @@ def graph_pool_free_bytes(device: torch.device) -> int:
     return free
 
 
-def plan_peak_bytes(allocated_high: int | None, *, cuda_graphs: bool, pool_free: int | None) -> int | None:
-    """The kept plan's steady-step peak: the allocated bytes at its forward/backward boundary, and under CUDA
-    graphs its pools' free bytes beside them (:func:`graph_pool_free_bytes`); None where either is unread."""
-    if not allocated_high:
-        return None
-    if not cuda_graphs:
-        return allocated_high
-    return allocated_high + pool_free if pool_free is not None else None
+def plan_peak_bytes(allocated_high: int | None, *, cuda_graphs: bool, graph_step_high: int | None) -> int | None:
+    """The kept plan's step peak: the most allocated at its forward/backward boundary, or under CUDA graphs
+    the most of allocated and its pools' free bytes read at one boundary (:func:`graph_pool_free_bytes`:
+    a replay's intermediates reuse free pool blocks); None where unread."""
+    high = graph_step_high if cuda_graphs else allocated_high
+    return high or None
 
 
 def room_bytes(device: torch.device) -> int | None:

@@ -151,7 +151,7 @@ class CompileRun:
         self._device: torch.device | None = None
         self._warned_host_syncs = False
         self._memory_high: dict[str, int] = {}  # label -> bytes allocated at the forward/backward boundary
-        self._graph_pool_free: int | None = None  # a CUDA-graph plan's pool bytes free at that boundary, read once
+        self._graph_step_high: int | None = None  # a CUDA-graph plan's allocated and pool-free bytes there, the most read
         self._eager_activations: int | None = None  # bytes an eager step allocated beyond its start's
         self._plan_steps = 0  # steps of the plan ("compiled") since it last compiled: their reads are sampled
         self._timed = False  # whether this batch's step is timed (see _step_timed)
@@ -548,9 +548,11 @@ class CompileRun:
             # the allocator's counters (host-side, no sync) for the eager baseline and the plan alike.
             allocated = allocated_bytes(self._device)
             self._memory_high[self._label] = max(self._memory_high.get(self._label, 0), allocated)
-            if (self._label == COMPILED and self._graph_pool_free is None and self.planner is not None
-                    and uses_cuda_graphs(self.planner.regions)):
-                self._graph_pool_free = graph_pool_free_bytes(self._device)
+            if self._label == COMPILED and self.planner is not None and uses_cuda_graphs(self.planner.regions):
+                # Its graphs record at their third call and pools grow with new shapes: the most seen. A
+                # snapshot walks every segment (milliseconds): on the sampled reads only.
+                self._graph_step_high = max(self._graph_step_high or 0,
+                                            allocated + graph_pool_free_bytes(self._device))
             if self._label == EAGER:
                 self._eager_activations = max(self._eager_activations or 0, allocated - self._memory_at_start)
 
@@ -616,7 +618,6 @@ class CompileRun:
         if compiled_now:  # the step waited for dynamo: what it took beyond an eager step (or all of it)
             self._add_stall("compiling_steps_s", max(0.0, host_ms - (self.timer.median_ms(EAGER) or 0.0)) / 1e3)
             self._plan_steps = 0  # a new graph (a new shape's, a recompiled region's): its steps are read afresh
-            self._graph_pool_free = None  # and its pool may have grown
         self.watch.collect()
         self.planner.after_batch(self.batch_index, host_ms=host_ms)
         if self._launcher is not None and self.planner.frozen:
@@ -986,7 +987,7 @@ class CompileRun:
             return {}
         eager = self._memory_high.get(EAGER)
         graphs = self.planner is not None and uses_cuda_graphs(self.planner.regions)
-        plan = plan_peak_bytes(self._memory_high.get(COMPILED), cuda_graphs=graphs, pool_free=self._graph_pool_free)
+        plan = plan_peak_bytes(self._memory_high.get(COMPILED), cuda_graphs=graphs, graph_step_high=self._graph_step_high)
         return {
             telemetry.MEMORY_PEAK_GB: (peak_bytes(self._device) or 0) / GB,
             telemetry.MEMORY_EAGER_PEAK_GB: eager / GB if eager else None,

@@ -1310,8 +1310,8 @@ MUTATIONS = [
     Mutation(
         name="a CUDA-graph plan's memory read without its pool",
         path="compile_callback/memory.py",
-        old="    return allocated_high + pool_free if pool_free is not None else None\n",
-        new="    return allocated_high\n",
+        old="    high = graph_step_high if cuda_graphs else allocated_high\n",
+        new="    high = allocated_high\n",
         tests=("tests/test_memory.py",),
     ),
     Mutation(
