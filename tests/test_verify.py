@@ -24,7 +24,8 @@ def test_an_analytically_zero_gradient_passes_on_its_own_noise_and_a_small_real_
     big = torch.randn(2000, dtype=torch.float64, generator=generator)
     zero = torch.randn(2000, dtype=torch.float64, generator=generator) * 1e-15
     noise = [torch.randn(2000, generator=generator) * 1e-6 for _ in range(2)]
-    checks = _judge([big.float(), noise[0]], [big.float(), noise[1]], [big, zero])
+    # Another summation order can make several times eager's noise: still noise, far below its siblings.
+    checks = _judge([big.float(), noise[0] * 4], [big.float(), noise[1]], [big, zero])
     assert all(check.passed for check in checks), checks
     small = big * 1e-4
     checks = _judge([big.float(), (small * 1.01).float()], [big.float(), small.float()], [big, small])
