@@ -32,7 +32,7 @@ def graph_pool_free_bytes(device: torch.device) -> int:
     allocated counters show only while a tensor lives in them. At the forward/backward boundary the
     forward's saved activations are allocated (counted) and the pool's free blocks are what the backward
     graph uses; the two together bound the step's peak. One ``torch.cuda.memory_snapshot`` (a walk over
-    every segment): read once per plan, never per step."""
+    every segment): for the sampled memory reads only, never every step."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     free = 0
     for segment in torch.cuda.memory_snapshot():

@@ -416,7 +416,6 @@ def random_draws_in_float32() -> Iterator[None]:
         yield
 
 
-
 def compiled_call(module: nn.Module) -> Any:
     """The callable ``nn.Module.compile`` installed (holds dynamo's cache for this module), or None."""
     return getattr(module, "_compiled_call_impl", None)

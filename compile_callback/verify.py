@@ -496,8 +496,7 @@ def _verify_module(
         eager_outputs: list[torch.Tensor] = []
         compiled_outputs: list[torch.Tensor] = []
         try:
-            # Eager first, its results moved to host memory; then the compiled run, its results kept
-            # where they lie until compared.
+            # Eager first, then the compiled run; their outputs go to host memory as each backward starts.
             with timed_stage(seconds, "eager", device):
                 eager = run("eager", lambda ts: eager_outputs.extend(_offload(ts)))
                 eager.grads = _offload(eager.grads)
@@ -531,8 +530,10 @@ def _verify_module(
         eager_all = eager_outputs + eager.grads
         del compiled
         with timed_stage(seconds, "comparison", device):
-            relative = [accuracy.distance(c, e, device).relative for c, e in zip(compiled_all, eager_all)]
-            judged = [i for i, (c, e) in enumerate(zip(compiled_all, eager_all)) if not accuracy.close(c, e, limit, device)]
+            found = [accuracy.distance(c, e, device) for c, e in zip(compiled_all, eager_all)]
+            relative = [distance.relative for distance in found]
+            judged = [i for i, (c, e, distance) in enumerate(zip(compiled_all, eager_all, found))
+                      if not accuracy.close(c, e, limit, device, distance)]
         worst = max(range(len(relative)), key=lambda i: (relative[i] != relative[i], relative[i]), default=None)
         figure = relative[worst] if worst is not None else 0.0
         if not judged:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from compile_callback import CompileCallback, StepTimer, payback
-from tests.conftest import loader, make_trainer
+from tests.conftest import StopWhenPlanned, loader, make_trainer
 
 pytestmark = pytest.mark.cuda
 
@@ -80,18 +80,6 @@ class ManySmallOps(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-4, fused=True)
-
-
-class StopWhenPlanned(L.Callback):
-    """Ends a long planned run once the plan is frozen: the planner prices its trials against the
-    planned batches, the test need not run them."""
-
-    def __init__(self, callback: CompileCallback) -> None:
-        self.callback = callback
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.callback.run is not None and self.callback.run.planner.frozen:
-            trainer.should_stop = True
 
 
 def test_auto_on_cuda_keeps_a_faster_plan_and_tries_cuda_graphs(tmp_path):

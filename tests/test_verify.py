@@ -273,7 +273,6 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
     and the last step's gradients wait in host memory meanwhile. A group of four or more blocks verifies one
     block at a time, each at most a quarter of those activations: both stay (parking the state was ~1.5 s of
     GPT-2's blocks' set-up on the H200); a group of fewer blocks parks both."""
-    import lightning as L
     import torch.optim
 
     from compile_callback import planner as planner_module
@@ -301,10 +300,6 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    class StopWhenPlanned(L.Callback):  # a long run planned (every trial repays), ended once the plan is frozen
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            trainer.should_stop = callback.run.planner.frozen
-
     def fit(depth):
         nonlocal model, callback, trainer
         parked.clear()
@@ -313,7 +308,8 @@ def test_a_group_of_blocks_is_verified_with_the_optimizers_state_left_in_place(t
         # timed the eager backend's whole model 2.7x faster than eager and kept it at min_speedup=1.5, session 47)
         callback = CompileCallback(backend="eager", eager_baseline_steps=2, warmup_steps=1, trial_steps=4,
                                    max_trials=3, min_speedup=1e6)
-        trainer = make_trainer(tmp_path, [callback, StopWhenPlanned()], max_steps=100_000, max_epochs=-1,
+        # a long run planned (every trial repays), ended once the plan is frozen
+        trainer = make_trainer(tmp_path, [callback, StopWhenPlanned(callback)], max_steps=100_000, max_epochs=-1,
                                limit_val_batches=0)
         trainer.fit(model, loader(batch_size=8))
         assert {"model", "blocks.*"} <= set(parked), (parked, callback.last_report["decisions"])
